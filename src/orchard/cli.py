@@ -1,0 +1,78 @@
+"""The `orchard` command: `orchard env serve | bench | demo`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Optional
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from orchard.env.server import create_app
+    from orchard.env.settings import Settings
+
+    overrides = {k: v for k, v in {
+        "host": args.host, "port": args.port, "backend": args.backend, "state_dir": args.state_dir,
+        "api_keys": args.api_key or None, "admin_keys": args.admin_key or None,
+        "no_auth": True if args.no_auth else None}.items() if v is not None}
+    settings = Settings(**overrides)
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
+                loop="uvloop", http="httptools", ws="websockets", access_log=False, timeout_graceful_shutdown=10)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from orchard.env.bench import main as bench_main
+    return bench_main(args)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from orchard.env.demo import main as demo_main
+    return demo_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="orchard", description="Orchard: environments for training and evaluating LLM agents.")
+    top = parser.add_subparsers(dest="area", required=True)
+    env = top.add_parser("env", help="Orchard Env, the sandbox service").add_subparsers(dest="command", required=True)
+
+    serve = env.add_parser("serve", help="run the service (every flag also reads ORCHARD_<NAME>)")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--backend", choices=["local"])
+    serve.add_argument("--state-dir")
+    serve.add_argument("--api-key", action="append", help="accepted key (repeatable)")
+    serve.add_argument("--admin-key", action="append", help="key that sees every sandbox (repeatable)")
+    serve.add_argument("--no-auth", action="store_true", help="accept requests without a key")
+    serve.add_argument("--log-level", default=os.environ.get("ORCHARD_LOG_LEVEL", "info"))
+    serve.set_defaults(func=_serve)
+
+    bench = env.add_parser("bench", help="measure create/exec/delete latency and throughput")
+    bench.add_argument("--url", help="a running service (default: start one on a free port)")
+    bench.add_argument("--api-key", default=os.environ.get("SANDBOX_API_KEY"))
+    bench.add_argument("--sandboxes", type=int, default=100)
+    bench.add_argument("--execs-per-sandbox", type=int, default=4)
+    bench.add_argument("--concurrency", type=int, default=64)
+    bench.add_argument("--image", default="host")
+    bench.add_argument("--latency-samples", type=int, default=200, help="sequential `true` execs for round-trip latency")
+    bench.add_argument("--no-baseline", action="store_true", help="skip the podman exec baseline")
+    bench.add_argument("--json", action="store_true", help="print one JSON object")
+    bench.set_defaults(func=_bench)
+
+    demo = env.add_parser("demo", help="start the service, run commands in a sandbox, clean up")
+    demo.add_argument("--image", default="host")
+    demo.set_defaults(func=_demo)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

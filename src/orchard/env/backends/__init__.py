@@ -1,0 +1,1 @@
+"""Where sandboxes run: one module per backend (local.py: bubblewrap on this machine)."""

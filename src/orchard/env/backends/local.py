@@ -1,0 +1,387 @@
+"""The local backend: each sandbox is a set of Linux namespaces made with bubblewrap, no daemon.
+
+A sandbox is: an overlay root (image layers read-only + a private writable layer) mounted in a
+private mount namespace by the native helper, bubblewrap on top of it (pid, ipc, uts, net
+namespaces, /proc, /dev, no capabilities), a tiny init as pid 1, and cgroups for cpu, memory
+and pids. Exec joins those namespaces through the helper; nothing runs per sandbox but init.
+Sandboxes outlive the service: their metadata lives under <state_dir>/sandboxes/<id>/meta.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from orchard import errors
+from orchard.env.backends.base import ExecOutcome, ExecSpec, ExitCallback, LiveSandbox, SandboxSpec
+from orchard.env.backends.cgroups import Cgroups
+from orchard.env.backends.local_forward import Forwarder, listen_in_netns
+from orchard.env.backends.local_fs import SandboxFS
+from orchard.env.backends.local_helper import helper_path
+from orchard.env.backends.local_images import Image, ImageStore
+from orchard.env.backends.local_proc import read_status, run_helper, PtyHandle
+from orchard.env.protocol import FileEntry
+from orchard.env.settings import Settings
+
+log = logging.getLogger("orchard.env")
+DEFAULT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
+               "LANG": "C.UTF-8", "TERM": "xterm-256color", "USER": "root"}
+
+
+@dataclass
+class Meta:
+    """What must survive a service restart to drive a sandbox again."""
+
+    sandbox_id: str
+    pid: int                      # host pid of the sandbox's init
+    start_time: str               # /proc/<pid>/stat field 22, guards against pid reuse
+    image: str
+    workdir: str
+    env: dict[str, str]
+    created_at: float
+    mounts: list[str] = field(default_factory=list)   # overlay mount points, for snapshots
+    cgroup_procs: list[str] = field(default_factory=list)
+
+
+class LocalBackend:
+    """Sandboxes as bubblewrap namespaces on this machine."""
+
+    name = "local"
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.namespace = settings.namespace
+        self.root = Path(settings.state_dir) / "sandboxes"
+        self.images_store = ImageStore(Path(settings.state_dir))
+        self.cgroups = Cgroups()
+        self.helper = ""
+        self.bwrap = shutil.which("bwrap") or "/usr/bin/bwrap"
+        self._live: dict[str, Meta] = {}
+        self._watch: dict[str, int] = {}          # sandbox id -> pidfd of its init
+        self._forwarders: dict[str, Forwarder] = {}
+        self._deleting: set[str] = set()
+        self._on_exit: Optional[ExitCallback] = None
+
+    # ------------------------------------------------------------ service lifetime
+    async def start(self, on_exit: ExitCallback) -> None:
+        self._on_exit = on_exit
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.helper = str(await asyncio.to_thread(helper_path, Path(self.settings.state_dir)))
+        if not os.path.exists(self.bwrap):
+            raise errors.BackendError("bubblewrap (bwrap) is not installed: apt install bubblewrap")
+        if not self.cgroups.available and self.settings.cgroups_required:
+            raise errors.BackendError(f"cgroups are not usable ({self.cgroups.why}); "
+                                      "set ORCHARD_CGROUPS_REQUIRED=false to run without limits")
+
+    async def close(self) -> None:
+        for fd in self._watch.values():
+            _unwatch(fd)
+        self._watch.clear()
+        for fwd in self._forwarders.values():
+            await fwd.close()
+        self._forwarders.clear()
+
+    # ------------------------------------------------------------ create
+    async def create(self, spec: SandboxSpec) -> None:
+        image = await asyncio.to_thread(self.images_store.resolve, spec.image)
+        home = self.root / spec.sandbox_id
+        if home.exists():
+            raise errors.ConflictError(f"Sandbox {spec.sandbox_id} already exists on this host")
+        overlays = await asyncio.to_thread(_layout, home, image)
+        procs = self._cgroup(spec)
+        pid = await self._spawn(spec, image, home, overlays, procs)
+        meta = Meta(sandbox_id=spec.sandbox_id, pid=pid, start_time=_start_time(pid), image=spec.image,
+                    workdir=image.workdir, env={**DEFAULT_ENV, **image.env}, created_at=spec.created_at,
+                    mounts=list(image.layers), cgroup_procs=procs)
+        _write_meta(home, meta)
+        self._track(meta)
+        await self._forward(spec)
+
+    def _cgroup(self, spec: SandboxSpec) -> list[str]:
+        if not self.cgroups.available:
+            return []
+        return self.cgroups.create(spec.sandbox_id, spec.cpu, spec.memory, spec.pids)
+
+    async def _spawn(self, spec: SandboxSpec, image: Image, home: Path, overlays: list[str],
+                     procs: list[str]) -> int:
+        argv = [self.helper, "mount", *_flags("--cgroup", procs), *overlays, "--", *self._bwrap_args(spec, image, home)]
+        info_r, info_w = os.pipe2(os.O_CLOEXEC)
+        helper_fd = os.open(self.helper, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *[a.replace("{INFO}", str(info_w)).replace("{HELPER}", str(helper_fd)) for a in argv],
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE, pass_fds=(info_w, helper_fd), start_new_session=True, env={})
+        finally:
+            os.close(info_w)
+            os.close(helper_fd)
+        try:
+            info = await read_status(info_r, timeout=30.0)
+        finally:
+            os.close(info_r)
+        return await _child_pid(proc, info)
+
+    def _bwrap_args(self, spec: SandboxSpec, image: Image, home: Path) -> list[str]:
+        args = [self.bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", spec.sandbox_id,
+                "--bind", str(home / "rootfs"), "/", "--proc", "/proc", "--dev", "/dev",
+                "--dir", image.workdir, "--chdir", "/", "--as-pid-1", "--info-fd", "{INFO}"]
+        if spec.block_network:
+            args.insert(1, "--unshare-net")
+        return args + ["--", "/proc/self/fd/{HELPER}", "init"]
+
+    def _track(self, meta: Meta) -> None:
+        self._live[meta.sandbox_id] = meta
+        try:
+            fd = os.pidfd_open(meta.pid)
+        except OSError:
+            return
+        self._watch[meta.sandbox_id] = fd
+        asyncio.get_running_loop().add_reader(fd, self._exited, meta.sandbox_id)
+
+    def _exited(self, sandbox_id: str) -> None:
+        fd = self._watch.pop(sandbox_id, None)
+        if fd is not None:
+            _unwatch(fd)
+        if sandbox_id in self._deleting or self._on_exit is None:
+            return
+        asyncio.create_task(self._on_exit(sandbox_id, "The sandbox's processes were killed or exited"))
+
+    async def _forward(self, spec: SandboxSpec) -> None:
+        if spec.model_endpoint is None:
+            return
+        port, host, hport = spec.model_endpoint
+        meta = self._meta(spec.sandbox_id)
+        try:
+            sock = await asyncio.to_thread(listen_in_netns, meta.pid, port)
+        except OSError as e:
+            raise errors.SandboxFailedError(f"Cannot open model endpoint port {port} in the sandbox: {e}") from e
+        fwd = Forwarder(sock, host, hport)
+        await fwd.start()
+        self._forwarders[spec.sandbox_id] = fwd
+
+    async def adopt(self, spec: SandboxSpec) -> bool:
+        meta = _read_meta(self.root / spec.sandbox_id)
+        if meta is None or not _alive(meta):
+            return False
+        self._track(meta)
+        try:
+            await self._forward(spec)
+        except errors.OrchardError as e:
+            log.warning("re-opening the model endpoint of %s failed: %s", spec.sandbox_id, e.detail)
+        return True
+
+    # ------------------------------------------------------------ delete
+    async def delete(self, sandbox_id: str) -> None:
+        self._deleting.add(sandbox_id)
+        try:
+            await self._teardown(sandbox_id)
+        finally:
+            self._deleting.discard(sandbox_id)
+
+    async def _teardown(self, sandbox_id: str) -> None:
+        fwd = self._forwarders.pop(sandbox_id, None)
+        if fwd is not None:
+            await fwd.close()
+        fd = self._watch.pop(sandbox_id, None)
+        if fd is not None:
+            _unwatch(fd)
+        home = self.root / sandbox_id
+        meta = self._live.pop(sandbox_id, None) or _read_meta(home)
+        if meta is not None and _alive(meta):
+            _kill(meta.pid)
+        if self.cgroups.available:
+            await asyncio.to_thread(self.cgroups.remove, sandbox_id)
+        if meta is not None:
+            await _wait_gone(meta.pid)
+        await asyncio.to_thread(shutil.rmtree, home, True)
+
+    async def list_live(self) -> Optional[list[LiveSandbox]]:
+        try:
+            homes = list(self.root.iterdir())
+        except OSError:
+            return None
+        found = {}
+        for home in homes:
+            meta = _read_meta(home)
+            created = meta.created_at if meta else home.stat().st_mtime
+            found[home.name] = LiveSandbox(home.name, created, alive=bool(meta and _alive(meta)))
+        for sid in (self.cgroups.list() if self.cgroups.available else []):
+            found.setdefault(sid, LiveSandbox(sid, 0.0, alive=False))
+        return list(found.values())
+
+    # ------------------------------------------------------------ exec
+    def _meta(self, sandbox_id: str) -> Meta:
+        meta = self._live.get(sandbox_id)
+        if meta is None:
+            raise errors.SandboxNotFoundError(f"Sandbox {sandbox_id} is not running on this host")
+        return meta
+
+    def _env(self, meta: Meta, extra: dict[str, str]) -> dict[str, str]:
+        return {**meta.env, **extra}
+
+    async def exec(self, sandbox_id: str, spec: ExecSpec) -> ExecOutcome:
+        meta = self._meta(sandbox_id)
+        job = uuid.uuid4().hex[:12]
+        procs = self.cgroups.job(sandbox_id, job) if self.cgroups.available else []
+        try:
+            return await run_helper(self._enter(meta, spec.cwd, procs, spec.argv), self._env(meta, spec.env),
+                                    spec, kill_tree=lambda: self._kill_job(sandbox_id, job))
+        finally:
+            if procs:
+                asyncio.get_running_loop().run_in_executor(None, self.cgroups.remove_job, sandbox_id, job)
+
+    def _enter(self, meta: Meta, cwd: Optional[str], procs: list[str], argv: list[str]) -> list[str]:
+        return [self.helper, "enter", str(meta.pid), cwd or meta.workdir, *_flags("--cgroup", procs), "--", *argv]
+
+    async def _kill_job(self, sandbox_id: str, job: str) -> None:
+        if self.cgroups.available:
+            await asyncio.to_thread(self.cgroups.kill_job, sandbox_id, job)
+
+    async def open_pty(self, sandbox_id: str, argv: list[str], cwd: Optional[str], env: dict[str, str],
+                       rows: int, cols: int) -> PtyHandle:
+        meta = self._meta(sandbox_id)
+        job = uuid.uuid4().hex[:12]
+        procs = self.cgroups.job(sandbox_id, job) if self.cgroups.available else []
+        kill = lambda: self._kill_job(sandbox_id, job)  # noqa: E731
+        return await PtyHandle.start(self._enter(meta, cwd, procs, argv), self._env(meta, env), rows, cols, kill)
+
+    # ------------------------------------------------------------ files
+    def _fs(self, sandbox_id: str) -> SandboxFS:
+        return SandboxFS(f"/proc/{self._meta(sandbox_id).pid}/root")
+
+    async def read_file(self, sandbox_id: str, path: str, limit: int) -> bytes:
+        return await asyncio.to_thread(self._fs(sandbox_id).read, path, limit)
+
+    async def write_file(self, sandbox_id: str, path: str, data: bytes, mode: Optional[int]) -> None:
+        await asyncio.to_thread(self._fs(sandbox_id).write, path, data, mode)
+
+    async def list_dir(self, sandbox_id: str, path: str) -> list[FileEntry]:
+        return await asyncio.to_thread(self._fs(sandbox_id).list, path)
+
+    # ------------------------------------------------------------ snapshot
+    async def snapshot(self, sandbox_id: str, image: str) -> int:
+        meta = self._meta(sandbox_id)
+        base = await asyncio.to_thread(self.images_store.resolve, meta.image)
+        home = self.root / sandbox_id
+        uppers = {mp: str(home / "upper" / _escape(mp)) for mp in meta.mounts}
+        if self.cgroups.available:
+            await asyncio.to_thread(self.cgroups.freeze, sandbox_id)
+        try:
+            return await asyncio.to_thread(self.images_store.snapshot, image, base, uppers)
+        finally:
+            if self.cgroups.available:
+                await asyncio.to_thread(self.cgroups.thaw, sandbox_id)
+
+    # ------------------------------------------------------------ facts
+    def workdir(self, sandbox_id: str) -> str:
+        meta = self._live.get(sandbox_id)
+        return meta.workdir if meta else "/workspace"
+
+    def images(self) -> list[str]:
+        return self.images_store.names()
+
+    def capacity(self) -> tuple[float, int]:
+        return float(os.cpu_count() or 1), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+    def memory_used(self, sandbox_id: str) -> Optional[int]:
+        return self.cgroups.memory_used(sandbox_id) if self.cgroups.available else None
+
+
+# ---------------------------------------------------------------- helpers
+def _flags(flag: str, values: list[str]) -> list[str]:
+    return [part for value in values for part in (flag, value)]
+
+
+def _escape(mount_point: str) -> str:
+    return "root" if mount_point == "/" else mount_point.strip("/").replace("/", "_")
+
+
+def _layout(home: Path, image: Image) -> list[str]:
+    """Make the writable layers and return the helper's --overlay arguments (root first)."""
+    rootfs = home / "rootfs"
+    rootfs.mkdir(parents=True)
+    args: list[str] = []
+    for mount_point in sorted(image.layers, key=lambda mp: (mp != "/", mp)):
+        upper, work = home / "upper" / _escape(mount_point), home / "work" / _escape(mount_point)
+        upper.mkdir(parents=True)
+        work.mkdir(parents=True)
+        target = rootfs if mount_point == "/" else rootfs / mount_point.lstrip("/")
+        args += ["--overlay", str(target), ":".join(image.layers[mount_point]), str(upper), str(work)]
+    return args
+
+
+async def _child_pid(proc: asyncio.subprocess.Process, info: bytes) -> int:
+    try:
+        return int(json.loads(info)["child-pid"])
+    except (ValueError, KeyError):
+        pass
+    try:
+        _, stderr = await asyncio.wait_for(proc.communicate(), 10)
+    except asyncio.TimeoutError:
+        proc.kill()
+        stderr = b""
+    message = stderr.decode("utf-8", "replace").strip() or f"exit code {proc.returncode}"
+    raise errors.SandboxFailedError(f"Sandbox failed to start: {message}")
+
+
+def _start_time(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _alive(meta: Meta) -> bool:
+    return bool(meta.start_time) and _start_time(meta.pid) == meta.start_time
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+async def _wait_gone(pid: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while os.path.exists(f"/proc/{pid}") and _state(pid) not in ("Z", "X", "") and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _write_meta(home: Path, meta: Meta) -> None:
+    tmp = home / "meta.json.tmp"
+    tmp.write_text(json.dumps(asdict(meta)))
+    os.replace(tmp, home / "meta.json")
+
+
+def _read_meta(home: Path) -> Optional[Meta]:
+    try:
+        return Meta(**json.loads((home / "meta.json").read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _unwatch(fd: int) -> None:
+    try:
+        asyncio.get_running_loop().remove_reader(fd)
+    except RuntimeError:
+        pass
+    os.close(fd)

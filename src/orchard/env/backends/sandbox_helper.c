@@ -1,0 +1,211 @@
+/* orchard-sandbox: the small native helper of the local backend (no daemon; each call exits).
+ *
+ *   orchard-sandbox mount [--cgroup PROCS]... [--overlay TARGET LOWERS UPPER WORK]... -- CMD...
+ *       join cgroups, enter a new mount namespace, mount overlays (LOWERS: colon list, top first),
+ *       then exec CMD (bubblewrap, which builds the sandbox on the mounted root).
+ *   orchard-sandbox init
+ *       pid 1 of a sandbox: reap children, otherwise sleep.
+ *   orchard-sandbox enter PID CWD [--status-fd N] [--cgroup PROCS]... -- CMD...
+ *       join cgroups and the namespaces and root of sandbox init PID, fork, and in the child drop
+ *       every capability, set no_new_privs, start a new session, chdir CWD and exec CMD.
+ *       Status lines on fd N: "pid <host pid>" (parent), "spid <sandbox pid>" (child),
+ *       "err <what> <message>" (child, when CMD cannot start). The parent exits as the child did:
+ *       the same code, or killed by the same signal.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <linux/capability.h>
+#include <linux/securebits.h>
+
+static int status_fd = -1;
+
+static void say(const char *fmt, ...) {
+  char buf[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  if (n <= 0) return;
+  if (n > (int)sizeof buf) n = sizeof buf;
+  int fd = status_fd >= 0 ? status_fd : 2;
+  if (write(fd, buf, (size_t)n) < 0) {}
+}
+
+static int fail(const char *what, const char *arg) {
+  say("err %s %s: %s\n", what, arg ? arg : "", strerror(errno));
+  return 125;
+}
+
+static int join_cgroup(const char *procs) {
+  int fd = open(procs, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  int rc = write(fd, "0\n", 2) < 0 ? -1 : 0;
+  close(fd);
+  return rc;
+}
+
+/* Parse "--cgroup X", "--status-fd N", "--overlay T L U W" until "--"; return index of CMD or -1. */
+static int parse(int argc, char **argv, char **overlays, int *noverlay) {
+  int i = 0;
+  while (i < argc && strcmp(argv[i], "--") != 0) {
+    if (strcmp(argv[i], "--cgroup") == 0 && i + 1 < argc) {
+      if (join_cgroup(argv[i + 1]) < 0) { fail("join cgroup", argv[i + 1]); return -1; }
+      i += 2;
+    } else if (strcmp(argv[i], "--status-fd") == 0 && i + 1 < argc) {
+      status_fd = atoi(argv[i + 1]);
+      fcntl(status_fd, F_SETFD, FD_CLOEXEC); /* never leaks into CMD */
+      i += 2;
+    } else if (strcmp(argv[i], "--overlay") == 0 && i + 4 < argc && overlays) {
+      for (int k = 0; k < 4; k++) overlays[4 * *noverlay + k] = argv[i + 1 + k];
+      (*noverlay)++;
+      i += 5;
+    } else {
+      say("err usage unknown argument %s\n", argv[i]);
+      return -1;
+    }
+  }
+  return (i + 1 < argc) ? i + 1 : -1;
+}
+
+static int mode_mount(int argc, char **argv) {
+  char **overlays = calloc((size_t)argc * 4 + 4, sizeof(char *));
+  int n = 0;
+  int cmd = parse(argc, argv, overlays, &n);
+  if (cmd < 0) return 125;
+  if (unshare(CLONE_NEWNS) < 0) return fail("unshare", "mount namespace");
+  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) return fail("mount", "private /");
+  for (int i = 0; i < n; i++) {
+    char **o = overlays + 4 * i;
+    size_t len = strlen(o[1]) + strlen(o[2]) + strlen(o[3]) + 64;
+    char *opts = malloc(len);
+    snprintf(opts, len, "lowerdir=%s,upperdir=%s,workdir=%s", o[1], o[2], o[3]);
+    if (mount("overlay", o[0], "overlay", 0, opts) < 0) return fail("mount overlay on", o[0]);
+    free(opts);
+  }
+  execv(argv[cmd], argv + cmd);
+  return fail("exec", argv[cmd]);
+}
+
+static int mode_init(void) {
+  sigset_t all;
+  sigfillset(&all);
+  sigprocmask(SIG_BLOCK, &all, NULL);
+  prctl(PR_SET_NAME, "orchard-init", 0, 0, 0);
+  for (;;) {
+    if (waitpid(-1, NULL, 0) < 0 && errno == ECHILD) {
+      int sig;
+      sigwait(&all, &sig); /* no children: sleep until a signal (SIGCHLD) arrives */
+    }
+  }
+  return 0;
+}
+
+static int join_ns(int pid, const char *ns, int type) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/ns/%s", pid, ns);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  int rc = setns(fd, type);
+  close(fd);
+  return rc;
+}
+
+static int drop_privileges(void) {
+  if (prctl(PR_SET_SECUREBITS, SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP |
+            SECBIT_NO_SETUID_FIXUP_LOCKED | SECBIT_KEEP_CAPS_LOCKED) < 0) return -1;
+  for (int cap = 0; cap <= 63; cap++) {
+    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL) return -1;
+  }
+  prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+  struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+  struct __user_cap_data_struct data[2];
+  memset(data, 0, sizeof data);
+  if (syscall(SYS_capset, &hdr, data) < 0) return -1;
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+}
+
+static int child_main(const char *cwd, char **cmd) {
+  setsid();
+  if (isatty(0)) ioctl(0, TIOCSCTTY, 0);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, NULL);
+  for (int s = 1; s < 32; s++) signal(s, SIG_DFL);
+  if (drop_privileges() < 0) return fail("drop", "privileges");
+  if (chdir(cwd) < 0) {
+    say("err cwd %s: %s\n", cwd, strerror(errno));
+    return 125;
+  }
+  say("spid %d\n", (int)getpid());
+  execvp(cmd[0], cmd);
+  int err = errno;
+  say("err exec %s: %s\n", cmd[0], strerror(err));
+  return err == ENOENT ? 127 : 126;
+}
+
+static pid_t child;
+static void forward(int sig) { if (child > 0) kill(child, sig); }
+
+static int mode_enter(int argc, char **argv) {
+  if (argc < 4) return fail("usage", "enter PID CWD ... -- CMD");
+  int pid = atoi(argv[0]);
+  const char *cwd = argv[1];
+  int cmd = parse(argc - 2, argv + 2, NULL, NULL);
+  if (cmd < 0) return 125;
+  char **command = argv + 2 + cmd;
+  char rootpath[64];
+  snprintf(rootpath, sizeof rootpath, "/proc/%d/root", pid);
+  int rootfd = open(rootpath, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (rootfd < 0) return fail("open", rootpath);
+  if (join_ns(pid, "ipc", CLONE_NEWIPC) < 0) return fail("join", "ipc namespace");
+  if (join_ns(pid, "uts", CLONE_NEWUTS) < 0) return fail("join", "uts namespace");
+  if (join_ns(pid, "net", CLONE_NEWNET) < 0) return fail("join", "net namespace");
+  if (join_ns(pid, "pid", CLONE_NEWPID) < 0) return fail("join", "pid namespace");
+  if (join_ns(pid, "mnt", CLONE_NEWNS) < 0) return fail("join", "mount namespace");
+  if (fchdir(rootfd) < 0 || chroot(".") < 0) return fail("chroot", rootpath);
+  close(rootfd);
+  signal(SIGTERM, forward);
+  signal(SIGINT, forward);
+  signal(SIGHUP, forward);
+  child = fork();
+  if (child < 0) return fail("fork", "");
+  if (child == 0) _exit(child_main(cwd, command));
+  say("pid %d\n", (int)child);
+  if (status_fd >= 0) close(status_fd);
+  int status;
+  while (waitpid(child, &status, 0) < 0) {
+    if (errno != EINTR) return fail("wait", "");
+  }
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    signal(sig, SIG_DFL);
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, sig);
+    sigprocmask(SIG_UNBLOCK, &s, NULL);
+    kill(getpid(), sig);
+    return 128 + sig;
+  }
+  return WEXITSTATUS(status);
+}
+
+int main(int argc, char **argv) {
+  if (argc >= 2 && strcmp(argv[1], "init") == 0) return mode_init();
+  if (argc >= 3 && strcmp(argv[1], "mount") == 0) return mode_mount(argc - 2, argv + 2);
+  if (argc >= 3 && strcmp(argv[1], "enter") == 0) return mode_enter(argc - 2, argv + 2);
+  fprintf(stderr, "usage: orchard-sandbox init | mount ... -- CMD | enter PID CWD ... -- CMD\n");
+  return 2;
+}

@@ -1,0 +1,1 @@
+"""The service core: sandbox lifecycle, jobs and state, independent of HTTP."""

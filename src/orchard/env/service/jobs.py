@@ -1,0 +1,164 @@
+"""Exec jobs: admission, per-sandbox order, a global limit, durable results and event-driven waits."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import defaultdict
+from typing import Optional
+
+from orchard import errors
+from orchard.env.backends.base import Backend, ExecOutcome, ExecSpec
+from orchard.env.protocol import ExecRequest
+from orchard.env.service.callers import Caller
+from orchard.env.service.metrics import Metrics
+from orchard.env.service.records import JobRecord
+from orchard.env.service.sandboxes import SandboxManager
+from orchard.env.service.stores.base import Store
+from orchard.env.service.waits import Waiters
+from orchard.env.settings import Settings
+
+log = logging.getLogger("orchard.env")
+RESTARTED = "The service restarted while this job was {}; its result was lost"
+
+
+def argv_of(command: str | list[str], login_shell: bool) -> list[str]:
+    """A string runs under bash (a login shell on request); a list is an argv as it is."""
+    if isinstance(command, list):
+        return list(command)
+    if login_shell:
+        return ["bash", "--login", "-c", f"[ -f ~/.bashrc ] && . ~/.bashrc >/dev/null 2>&1\n{command}"]
+    return ["bash", "-c", command]
+
+
+class JobRunner:
+    """Queues, runs and remembers exec jobs."""
+
+    def __init__(self, settings: Settings, store: Store, backend: Backend, sandboxes: SandboxManager,
+                 metrics: Metrics):
+        self.settings, self.store, self.backend, self.sandboxes, self.metrics = (
+            settings, store, backend, sandboxes, metrics)
+        self.waiters = Waiters()
+        self._slots = asyncio.Semaphore(settings.max_concurrent_execs)
+        self._per_sandbox: dict[str, asyncio.Semaphore] = defaultdict(
+            lambda: asyncio.Semaphore(settings.per_sandbox_execs))
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._inflight: dict[str, JobRecord] = {}
+        self._pending = 0
+        sandboxes.on_gone.append(self._sandbox_gone)
+
+    # ------------------------------------------------------------ submit
+    async def submit(self, sandbox_id: str, req: ExecRequest, caller: Caller,
+                     idempotency_key: Optional[str] = None) -> JobRecord:
+        """Record a queued job and start it; a repeated idempotency key returns the first job."""
+        await self.sandboxes.get_ready(sandbox_id, caller)
+        if idempotency_key:
+            known = await self.store.job_by_key(sandbox_id, idempotency_key)
+            if known is not None:
+                return known
+        if self._pending >= self.settings.max_queued_execs:
+            self.metrics.rejected.labels("exec_queue").inc()
+            raise errors.OverloadedError("Exec queue is full; retry shortly", retry_after=1)
+        job = JobRecord(job_id=uuid.uuid4().hex, sandbox_id=sandbox_id, owner=caller.owner, command=req.command,
+                        created_at=time.time(), idempotency_key=idempotency_key or None)
+        await self.store.put_job(job)
+        self._pending += 1
+        self._inflight[job.job_id] = job
+        self._tasks[job.job_id] = asyncio.create_task(self._run(job, req))
+        return job
+
+    async def _run(self, job: JobRecord, req: ExecRequest) -> None:
+        self.metrics.jobs_queued.inc()
+        try:
+            async with self._per_sandbox[job.sandbox_id], self._slots:
+                self.metrics.jobs_queued.dec()
+                if job.finished:        # failed while queued (sandbox deleted)
+                    return
+                await self._execute(job, req)
+        finally:
+            self._pending -= 1
+            self._tasks.pop(job.job_id, None)
+            self._inflight.pop(job.job_id, None)
+            await self._finish(job)
+
+    async def _execute(self, job: JobRecord, req: ExecRequest) -> None:
+        job.status, job.started_at = "running", time.time()
+        await self.store.put_job(job)
+        self.metrics.jobs_running.inc()
+        spec = ExecSpec(argv=argv_of(req.command, req.login_shell), cwd=req.cwd, env=req.env or {},
+                        timeout=float(req.timeout_seconds or self.settings.exec_timeout),
+                        output_limit=self.settings.output_limit)
+        try:
+            outcome = await self.backend.exec(job.sandbox_id, spec)
+        except errors.OrchardError as e:
+            outcome = ExecOutcome(exit_code=None, error=e.detail)
+        except Exception as e:
+            log.exception("exec %s failed", job.job_id)
+            outcome = ExecOutcome(exit_code=None, error=f"Backend error: {e}")
+        finally:
+            self.metrics.jobs_running.dec()
+        if not job.finished:
+            _apply(job, outcome)
+
+    async def _finish(self, job: JobRecord) -> None:
+        if not job.finished:
+            job.status, job.error = "failed", job.error or "Job was cancelled"
+        job.completed_at = job.completed_at or time.time()
+        await self.store.put_job(job)
+        self.metrics.jobs.labels(job.status).inc()
+        if job.started_at:
+            self.metrics.exec_seconds.observe(job.completed_at - job.started_at)
+        self.waiters.notify(job.job_id)
+
+    def _sandbox_gone(self, sandbox_id: str, message: str) -> None:
+        for job in self._inflight.values():
+            if job.sandbox_id == sandbox_id and not job.finished:
+                job.error = message
+                if job.status == "queued":
+                    job.status = "failed"
+        self._per_sandbox.pop(sandbox_id, None)
+
+    # ------------------------------------------------------------ read
+    async def get(self, job_id: str, caller: Caller) -> JobRecord:
+        """The caller's job, or 404."""
+        job = await self.store.get_job(job_id)
+        if job is None or not caller.may_see(job.owner):
+            raise errors.NotFoundError(f"Job {job_id} not found")
+        return job
+
+    async def wait(self, job_id: str, caller: Caller, timeout: float) -> JobRecord:
+        """Block until the job ends or timeout passes; returns the job as it is then."""
+        deadline = time.monotonic() + min(timeout, self.settings.exec_wait_max)
+        while True:
+            ev = self.waiters.event(job_id)
+            job = await self.get(job_id, caller)
+            if job.finished or not await Waiters.wait(ev, deadline - time.monotonic()):
+                return await self.get(job_id, caller) if not job.finished else job
+
+    # ------------------------------------------------------------ restart
+    async def fail_interrupted(self) -> int:
+        """After a restart: every job left queued or running is failed with a clear error."""
+        jobs = await self.store.unfinished_jobs()
+        for job in jobs:
+            job.error = RESTARTED.format("running" if job.status == "running" else "queued")
+            job.status, job.completed_at = "failed", time.time()
+            await self.store.put_job(job)
+        return len(jobs)
+
+    async def drain(self) -> None:
+        """Wait for running jobs (shutdown)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+
+def _apply(job: JobRecord, outcome: ExecOutcome) -> None:
+    job.exit_code = outcome.exit_code
+    job.stdout = outcome.stdout.decode("utf-8", "replace")
+    job.stderr = outcome.stderr.decode("utf-8", "replace")
+    job.stdout_truncated, job.stderr_truncated = outcome.stdout_truncated, outcome.stderr_truncated
+    job.error = outcome.error or job.error       # keep "sandbox was deleted" set while it ran
+    job.status = "succeeded" if outcome.exit_code == 0 and job.error is None else "failed"
+    job.completed_at = time.time()
+

@@ -1,0 +1,99 @@
+"""Embedded SQLite store: records and job results survive a restart (WAL, one file under the state dir).
+
+Queries are tiny and run inline on the event loop: a thread hop would cost more than the
+query. Large job outputs are written through ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+from typing import Optional
+
+from orchard.env.service.records import JobRecord, SandboxRecord
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sandboxes (id TEXT PRIMARY KEY, owner TEXT NOT NULL, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+  id TEXT PRIMARY KEY, sandbox_id TEXT NOT NULL, status TEXT NOT NULL, idem TEXT,
+  completed_at REAL, data TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS jobs_unfinished ON jobs(status) WHERE status IN ('queued', 'running');
+CREATE UNIQUE INDEX IF NOT EXISTS jobs_idem ON jobs(sandbox_id, idem) WHERE idem IS NOT NULL;
+"""
+_BIG_OUTPUT = 256 * 1024
+
+
+class SqliteStore:
+    """Store on one SQLite file."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._db: Optional[sqlite3.Connection] = None
+        self._lock = asyncio.Lock()
+
+    async def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(_SCHEMA)
+        self._db = db
+
+    async def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise RuntimeError("store is not open")
+        return self._db
+
+    async def put_sandbox(self, record: SandboxRecord, *, create: bool = False) -> bool:
+        verb = "INSERT OR IGNORE" if create else "INSERT OR REPLACE"
+        cur = self.db.execute(f"{verb} INTO sandboxes (id, owner, data) VALUES (?, ?, ?)",
+                              (record.sandbox_id, record.owner, record.model_dump_json()))
+        return cur.rowcount == 1
+
+    async def get_sandbox(self, sandbox_id: str) -> Optional[SandboxRecord]:
+        row = self.db.execute("SELECT data FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
+        return SandboxRecord.model_validate_json(row[0]) if row else None
+
+    async def list_sandboxes(self, owner: Optional[str] = None) -> list[SandboxRecord]:
+        if owner is None:
+            rows = self.db.execute("SELECT data FROM sandboxes ORDER BY id").fetchall()
+        else:
+            rows = self.db.execute("SELECT data FROM sandboxes WHERE owner = ? ORDER BY id", (owner,)).fetchall()
+        return [SandboxRecord.model_validate_json(r[0]) for r in rows]
+
+    async def delete_sandbox(self, sandbox_id: str) -> None:
+        self.db.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
+
+    async def put_job(self, job: JobRecord) -> None:
+        args = (job.job_id, job.sandbox_id, job.status, job.idempotency_key, job.completed_at, job.model_dump_json())
+        sql = "INSERT OR REPLACE INTO jobs (id, sandbox_id, status, idem, completed_at, data) VALUES (?, ?, ?, ?, ?, ?)"
+        if len(job.stdout) + len(job.stderr) > _BIG_OUTPUT:
+            async with self._lock:
+                await asyncio.to_thread(self.db.execute, sql, args)
+        else:
+            self.db.execute(sql, args)
+
+    async def get_job(self, job_id: str) -> Optional[JobRecord]:
+        row = self.db.execute("SELECT data FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return JobRecord.model_validate_json(row[0]) if row else None
+
+    async def job_by_key(self, sandbox_id: str, key: str) -> Optional[JobRecord]:
+        row = self.db.execute("SELECT data FROM jobs WHERE sandbox_id = ? AND idem = ?", (sandbox_id, key)).fetchone()
+        return JobRecord.model_validate_json(row[0]) if row else None
+
+    async def unfinished_jobs(self) -> list[JobRecord]:
+        rows = self.db.execute("SELECT data FROM jobs WHERE status IN ('queued', 'running')").fetchall()
+        return [JobRecord.model_validate_json(r[0]) for r in rows]
+
+    async def prune_jobs(self, completed_before: float) -> int:
+        cur = self.db.execute("DELETE FROM jobs WHERE completed_at IS NOT NULL AND completed_at < ?", (completed_before,))
+        return cur.rowcount
+
+

@@ -1,0 +1,79 @@
+"""Typed settings of the Orchard Env service, read from ORCHARD_* environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from typing_extensions import Annotated
+
+
+def _split(value: object) -> object:
+    if isinstance(value, str):
+        return [part.strip() for part in value.replace(";", ",").split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """Every knob of the service; each field also reads ORCHARD_<NAME>."""
+
+    model_config = SettingsConfigDict(env_prefix="ORCHARD_", extra="forbid", validate_default=True)
+
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(8080, ge=0, le=65535, description="Port to listen on.")
+    backend: Literal["local"] = Field("local", description="Where sandboxes run.")
+    state_dir: Path = Field(Path("/var/lib/orchard"), description="SQLite state, images and sandbox layers.")
+    namespace: str = Field("orchard", description="Namespace name reported for sandboxes.")
+    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Accepted X-API-Key values.")
+    admin_keys: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Keys that see every sandbox.")
+    no_auth: bool = Field(False, description="Accept requests without a key (local use only).")
+
+    default_cpu: str = Field("1", description="CPU limit when a create request gives none.")
+    default_memory: str = Field("2Gi", description="Memory limit when a create request gives none.")
+    default_pids: int = Field(1024, gt=0, description="Process limit of every sandbox.")
+    ready_timeout: int = Field(600, gt=0, description="Readiness wait (s) when a create request gives none.")
+    pending_buffer: float = Field(60.0, ge=0, description="Extra seconds past the readiness timeout before a pending sandbox is failed.")
+    ttl_seconds: int = Field(7200, gt=0, description="Lifetime of a sandbox.")
+    max_ttl_seconds: int = Field(86400, gt=0, description="Largest TTL a request or heartbeat may ask for.")
+    heartbeat_timeout: float = Field(300.0, gt=0, description="Delete a sandbox that sent heartbeats and then stopped for this long.")
+    heartbeat_extends_ttl: bool = Field(True, description="A heartbeat pushes the TTL deadline out by ttl_seconds.")
+    reconcile_interval: float = Field(30.0, gt=0, description="Seconds between lifecycle passes.")
+    reconcile_min_age: float = Field(120.0, ge=0, description="Unowned sandboxes younger than this are left alone.")
+    max_sandboxes: int = Field(4096, gt=0, description="Live sandboxes allowed at once; more get 503.")
+    max_pending_creates: int = Field(256, gt=0, description="Creates in flight; more get 503.")
+
+    exec_timeout: int = Field(300, gt=0, description="Default exec timeout_seconds.")
+    exec_wait_max: float = Field(60.0, gt=0, description="Longest server-side wait of exec wait=true and /jobs/{id}/wait.")
+    max_concurrent_execs: int = Field(64, gt=0, description="Execs running at once across all sandboxes.")
+    max_queued_execs: int = Field(4096, gt=0, description="Execs waiting for a slot; more get 503.")
+    per_sandbox_execs: int = Field(1, gt=0, description="Execs running at once in one sandbox.")
+    output_limit: int = Field(16 * 2**20, gt=0, description="Bytes of stdout and of stderr kept per job.")
+    max_file_bytes: int = Field(256 * 2**20, gt=0, description="Largest upload or download.")
+    max_body_bytes: int = Field(400 * 2**20, gt=0, description="Largest request body.")
+    job_retention_seconds: float = Field(7 * 86400, gt=0, description="Finished jobs are kept this long.")
+
+    forward_allowlist: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Host endpoints 'host:port' that model_endpoint may name.")
+    cgroups_required: bool = Field(True, description="Fail sandbox creation when cgroup limits cannot be applied.")
+
+    @field_validator("api_keys", "admin_keys", "forward_allowlist", mode="before")
+    @classmethod
+    def _comma_list(cls, value: object) -> object:
+        return _split(value)
+
+    def auth_enabled(self) -> bool:
+        """Auth is on unless switched off explicitly."""
+        return not self.no_auth
+
+    def sqlite_path(self) -> Path:
+        """Where the embedded database lives."""
+        return self.state_dir / "orchard.db"
+
+    def resolved_forward(self, target: str) -> Optional[tuple[str, int]]:
+        """(host, port) when target is in the allowlist, else None."""
+        if target not in self.forward_allowlist:
+            return None
+        host, _, port = target.rpartition(":")
+        return host.strip("[]"), int(port)

@@ -1,0 +1,122 @@
+"""The one exception tree of Orchard, shared by the server, the SDK and every backend.
+
+    OrchardError
+    ├── RequestError            the caller's request is wrong (400/413/422)
+    │   └── PayloadTooLargeError    a body or file over a configured limit (413)
+    ├── AuthError               no key (401)
+    │   └── ForbiddenError          a key the service does not know (403)
+    ├── NotFoundError           unknown or deleted sandbox, job or file (404)
+    │   └── SandboxNotFoundError
+    ├── ConflictError           e.g. a duplicate sandbox id (409)
+    ├── SandboxError            a sandbox cannot do what was asked
+    │   ├── SandboxFailedError      it failed to start or died
+    │   └── SandboxTimeoutError     it did not become ready in time (408)
+    ├── BackendError            the backend (bubblewrap, Podman, Kubernetes) failed (500)
+    ├── OverloadedError         transient overload, safe to retry (503, Retry-After)
+    └── ServerError             anything else the server reports (5xx)
+
+Errors cross HTTP as ``{"detail": str, "error": ClassName}`` and the SDK re-raises
+the same class. ``SandboxTimeoutError`` is also a ``TimeoutError``.
+"""
+
+from __future__ import annotations
+
+
+class OrchardError(Exception):
+    """Base of every Orchard error; ``detail`` is the human-readable message."""
+
+    status_code = 500
+
+    def __init__(self, detail: str = "", *, status_code: int | None = None, retry_after: float | None = None):
+        super().__init__(detail)
+        self.detail = detail
+        if status_code is not None:
+            self.status_code = status_code
+        self.retry_after = retry_after
+
+
+class RequestError(OrchardError):
+    status_code = 400
+
+
+class PayloadTooLargeError(RequestError):
+    status_code = 413
+
+
+class AuthError(OrchardError):
+    status_code = 401
+
+
+class ForbiddenError(AuthError):
+    status_code = 403
+
+
+class NotFoundError(OrchardError):
+    status_code = 404
+
+
+class SandboxNotFoundError(NotFoundError):
+    pass
+
+
+class ConflictError(OrchardError):
+    status_code = 409
+
+
+class SandboxError(OrchardError):
+    status_code = 500
+
+
+class SandboxFailedError(SandboxError):
+    status_code = 500
+
+
+class SandboxTimeoutError(SandboxError, TimeoutError):
+    status_code = 408
+
+
+class BackendError(OrchardError):
+    status_code = 500
+
+
+class OverloadedError(OrchardError):
+    status_code = 503
+
+
+class ServerError(OrchardError):
+    status_code = 500
+
+
+_BY_NAME = {cls.__name__: cls for cls in (
+    OrchardError, RequestError, PayloadTooLargeError, AuthError, ForbiddenError, NotFoundError,
+    SandboxNotFoundError, ConflictError, SandboxError, SandboxFailedError, SandboxTimeoutError,
+    BackendError, OverloadedError, ServerError,
+)}
+_BY_STATUS = {400: RequestError, 401: AuthError, 403: ForbiddenError, 404: NotFoundError,
+              408: SandboxTimeoutError, 409: ConflictError, 413: PayloadTooLargeError,
+              422: RequestError, 503: OverloadedError}
+
+
+def error_from_response(status_code: int, body: object, retry_after: float | None = None) -> OrchardError:
+    """Rebuild the typed error a server reply describes (used by the SDK)."""
+    detail, name = "", None
+    if isinstance(body, dict):
+        raw = body.get("detail", "")
+        detail = raw if isinstance(raw, str) else _format_validation(raw)
+        name = body.get("error")
+    elif isinstance(body, str):
+        detail = body
+    cls = _BY_NAME.get(name or "") or _BY_STATUS.get(status_code) or (
+        ServerError if status_code >= 500 else RequestError)
+    return cls(detail or f"HTTP {status_code}", status_code=status_code, retry_after=retry_after)
+
+
+def _format_validation(raw: object) -> str:
+    if isinstance(raw, list):
+        parts = []
+        for item in raw:
+            if isinstance(item, dict):
+                loc = ".".join(str(x) for x in item.get("loc", []))
+                parts.append(f"{loc}: {item.get('msg', '')}")
+        return "; ".join(parts) or str(raw)
+    return str(raw)
