@@ -1,4 +1,4 @@
-"""Orchard: sandboxes for training and evaluating LLM agents; this top level is the light SDK (httpx + pydantic)."""
+"""Orchard: sandboxes for training and evaluating LLM agents; the top level is the light SDK (httpx, pydantic)."""
 
 from orchard.client import (
     AsyncSandboxClient,
@@ -46,5 +46,4 @@ __all__ = [
     "SandboxNotFoundError",
     "SandboxTimeoutError",
     "ServerError",
-    "__version__",
 ]

@@ -1,4 +1,4 @@
-"""The asyncio SDK: ``AsyncSandboxClient`` and ``AsyncSandboxInstance`` drive the shared flows over ``httpx.AsyncClient``."""
+"""The asyncio SDK: ``AsyncSandboxClient`` and its sandbox handles drive the shared flows over ``httpx.AsyncClient``."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ async def drive(flow: Flow[Any], http: httpx.AsyncClient, default_timeout: Optio
 
 async def _step(step: Any, http: httpx.AsyncClient,
                 default_timeout: Optional[float]) -> tuple[Any, Optional[BaseException]]:
+    """Carry out one step of a flow: sleep, or send and catch the transport error for the flow."""
     if isinstance(step, Sleep):
         await asyncio.sleep(step.seconds)
         return None, None
@@ -47,6 +48,7 @@ async def _step(step: Any, http: httpx.AsyncClient,
 
 
 async def _send(request: HttpRequest, http: httpx.AsyncClient, default_timeout: Optional[float]) -> HttpReply:
+    """Send one request and return the reply as data."""
     response = await http.request(request.method, request.path, json=request.json, params=request.params,
                                   headers=request.headers, timeout=request_timeout(request, default_timeout))
     return HttpReply.from_raw(response.status_code, response.headers, response.content)
@@ -66,6 +68,7 @@ class AsyncSandboxClient:
         register(self)
 
     async def _run(self, flow: Flow[Any]) -> Any:
+        """Drive a flow over this client's connection pool."""
         if self._closed:
             raise RuntimeError("this AsyncSandboxClient is closed")
         return await drive(flow, self._http, self.config.timeout)
@@ -128,6 +131,7 @@ class AsyncSandboxClient:
         return [sandbox_id for sandbox_id, ok in zip(ids, done) if ok]
 
     async def _delete_quietly(self, sandbox_id: str) -> bool:
+        """Delete one sandbox; log and return False if that fails."""
         try:
             await self.delete_sandbox(sandbox_id)
             return True
@@ -176,10 +180,12 @@ class AsyncSandboxInstance:
         self._heartbeat: Optional[asyncio.Task] = None
 
     async def _run(self, flow: Flow[Any]) -> Any:
+        """Drive a flow through the owning client."""
         return await self.client._run(flow)
 
     @property
     def _core(self) -> ClientCore:
+        """The owning client's I/O-free core."""
         return self.client._core
 
     async def exec(self, command: Union[str, list[str]], timeout: Optional[float] = None,
@@ -255,6 +261,7 @@ class AsyncSandboxInstance:
             await task
 
     async def _beat(self, interval: float) -> None:
+        """Beat until stopped, the client closes or the sandbox is gone."""
         while not self.client.closed and await _beat_once(self):
             await asyncio.sleep(interval)
 
@@ -285,10 +292,12 @@ async def _beat_once(sandbox: AsyncSandboxInstance) -> bool:
 
 
 def _read_local(path: Path) -> tuple[bytes, int]:
+    """Read a local file and its permission bits (runs in a worker thread)."""
     return path.read_bytes(), stat.S_IMODE(path.stat().st_mode)
 
 
 def _write_local(path: Path, data: bytes) -> Path:
+    """Write a local file, creating its parents (runs in a worker thread)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
     return path

@@ -64,12 +64,14 @@ class ClientConfig:
 
 
 def _pick(given, from_env, default):
+    """The given value if any, else the environment's (when non-empty), else the default."""
     if given is not None:
         return given
     return from_env or default
 
 
 def _check_prefix(prefix: Optional[str]) -> Optional[str]:
+    """Lowercase a sandbox-id prefix and make sure ids built from it stay DNS labels."""
     if not prefix:
         return None
     prefix = prefix.lower()
@@ -229,19 +231,33 @@ def build(model: type[M], **fields: Any) -> M:
 
 
 def _sandbox_path(sandbox_id: str, tail: str = "") -> str:
+    """The path of a sandbox route, with the id quoted."""
     return f"/sandboxes/{quote(sandbox_id, safe='')}{tail}"
 
 
 def _job_path(job_id: str, tail: str = "") -> str:
+    """The path of a job route, with the id quoted."""
     return f"/jobs/{quote(job_id, safe='')}{tail}"
 
 
 def _whole_seconds(seconds: Optional[float]) -> Optional[int]:
+    """Round a duration up to whole seconds (at least 1), as the wire wants."""
     return None if seconds is None else max(1, math.ceil(seconds))
 
 
 def _remaining(deadline: Optional[float]) -> Optional[float]:
+    """Seconds left before ``deadline`` (None: no deadline)."""
     return None if deadline is None else deadline - time.monotonic()
+
+
+def _expired(deadline: Optional[float], margin: float = 0.0) -> bool:
+    """True when fewer than ``margin`` seconds are left before ``deadline`` (never without one)."""
+    return deadline is not None and deadline - time.monotonic() <= margin
+
+
+def _chunk(remaining: Optional[float], most: float = WAIT_CHUNK) -> float:
+    """How long one wait may last: ``most``, or less when less time is left."""
+    return most if remaining is None else max(0.0, min(remaining, most))
 
 
 def _is_ready(info: p.SandboxInfo) -> bool:
@@ -253,11 +269,13 @@ def _is_ready(info: p.SandboxInfo) -> bool:
     return info.status == "ready"
 
 
-def _not_ready(sandbox_id: str, timeout: float) -> errors.SandboxTimeoutError:
+def _not_ready(sandbox_id: str, timeout: Optional[float]) -> errors.SandboxTimeoutError:
+    """The error for a sandbox that was not ready in time."""
     return errors.SandboxTimeoutError(f"Sandbox {sandbox_id} did not become ready within {timeout}s")
 
 
 def _job_complete(job: p.Job) -> bool:
+    """True once a job has ended."""
     return job.status in ("succeeded", "failed")
 
 
@@ -356,46 +374,49 @@ class ClientCore:
         """Wait for readiness; a sandbox that failed or timed out is deleted (with auto_cleanup) before raising."""
         try:
             return (yield from self.wait_flow(sandbox_id, timeout, poll_interval))
+        except errors.SandboxNotFoundError:
+            self._tracked.discard(sandbox_id)
+            raise
         except (errors.SandboxFailedError, errors.SandboxTimeoutError):
             if self.config.auto_cleanup:
                 yield from self._quiet_delete(sandbox_id)
             raise
 
     def _quiet_delete(self, sandbox_id: str) -> Flow[None]:
+        """Delete a sandbox, ignoring any failure (used while already raising)."""
         try:
             yield from self.delete_flow(sandbox_id)
         except (errors.OrchardError, httpx.HTTPError):
             pass
 
-    def wait_flow(self, sandbox_id: str, timeout: float, poll_interval: float = 1.0) -> Flow[p.SandboxInfo]:
+    def wait_flow(self, sandbox_id: str, timeout: Optional[float],
+                  poll_interval: float = 1.0) -> Flow[p.SandboxInfo]:
         """Block on GET /sandboxes/{id}/wait until ready; poll GET /sandboxes/{id} if the route is missing."""
-        deadline = time.monotonic() + timeout
-        while (remaining := _remaining(deadline)) > 0:
-            request = self._wait_request(sandbox_id, remaining)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not _expired(deadline):
+            request = self._wait_request(sandbox_id, _remaining(deadline))
             reply = yield from self._call(request)
             if route_missing(reply):
                 return (yield from self._poll_ready(sandbox_id, deadline, timeout, poll_interval))
-            if reply.status == 408:
-                continue
-            info = parse(reply, request, p.SandboxInfo)
-            if _is_ready(info):
+            if reply.status != 408 and _is_ready(info := parse(reply, request, p.SandboxInfo)):
                 return info
-            yield Sleep(min(poll_interval, max(0.0, _remaining(deadline))))
+            yield Sleep(_chunk(_remaining(deadline), poll_interval))  # never spin on a fast 408
         raise _not_ready(sandbox_id, timeout)
 
-    def _wait_request(self, sandbox_id: str, remaining: float) -> HttpRequest:
-        seconds = _whole_seconds(min(remaining, WAIT_CHUNK))
+    def _wait_request(self, sandbox_id: str, remaining: Optional[float]) -> HttpRequest:
+        """One GET /sandboxes/{id}/wait of at most WAIT_CHUNK seconds."""
+        seconds = _whole_seconds(_chunk(remaining))
         return HttpRequest("GET", _sandbox_path(sandbox_id, "/wait"), params={"timeout": seconds},
                            read_timeout=self._long_read(seconds), not_found=errors.SandboxNotFoundError)
 
-    def _poll_ready(self, sandbox_id: str, deadline: float, timeout: float,
+    def _poll_ready(self, sandbox_id: str, deadline: Optional[float], timeout: Optional[float],
                     poll_interval: float) -> Flow[p.SandboxInfo]:
         """The fallback for servers without /wait: GET the sandbox every ``poll_interval``."""
         while True:
             info = yield from self.info_flow(sandbox_id)
             if _is_ready(info):
                 return info
-            if _remaining(deadline) <= poll_interval:
+            if _expired(deadline, poll_interval):
                 raise _not_ready(sandbox_id, timeout)
             yield Sleep(poll_interval)
 
@@ -440,15 +461,15 @@ class ClientCore:
         reply = yield from self._call(request)
         return (yield from self._finish_job(parse_job(reply, request), deadline, timeout))
 
-    def _finish_job(self, job: Union[p.Job, p.ExecQueued], deadline: Optional[float], timeout: Optional[float]) -> Flow[JobResult]:
+    def _finish_job(self, job: Union[p.Job, p.ExecQueued], deadline: Optional[float],
+                    timeout: Optional[float]) -> Flow[JobResult]:
         """Wait on /jobs/{id}/wait (or poll /jobs/{id} if that route is missing) until the job ends."""
         path = _job_path(job.job_id, "/wait")
         while not _job_complete(job):
-            remaining = _remaining(deadline)
-            if remaining is not None and remaining <= 0:
+            if _expired(deadline):
                 raise errors.SandboxTimeoutError(
                     f"Job {job.job_id} did not finish within {timeout}s (+{self._exec_grace}s grace)")
-            request = self._job_wait_request(path, remaining)
+            request = self._job_wait_request(path, _remaining(deadline))
             reply = yield from self._call(request)
             if route_missing(reply) and path.endswith("/wait"):
                 path = _job_path(job.job_id)
@@ -459,9 +480,10 @@ class ClientCore:
         return JobResult.from_job(job)
 
     def _job_wait_request(self, path: str, remaining: Optional[float]) -> HttpRequest:
+        """One GET /jobs/{id}/wait of at most WAIT_CHUNK seconds (or a plain GET when polling)."""
         if not path.endswith("/wait"):
             return HttpRequest("GET", path)
-        seconds = _whole_seconds(WAIT_CHUNK if remaining is None else min(remaining, WAIT_CHUNK))
+        seconds = _whole_seconds(_chunk(remaining))
         return HttpRequest("GET", path, params={"timeout": seconds}, read_timeout=self._long_read(seconds))
 
     def job_flow(self, job_id: str) -> Flow[JobResult]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import signal as _signal
 import time
 from collections import deque
@@ -25,6 +26,7 @@ _INSTALL_HINT = "The PTY needs the 'websockets' package: pip install 'orchard[pt
 
 
 def _sync_connect():
+    """The blocking websockets connect, or an ImportError naming the extra to install."""
     try:
         from websockets.sync.client import connect
     except ImportError as exc:
@@ -33,6 +35,7 @@ def _sync_connect():
 
 
 def _async_connect():
+    """The asyncio websockets connect (new or legacy API), or an ImportError naming the extra."""
     try:
         from websockets.asyncio.client import connect        # websockets >= 13
     except ImportError:
@@ -44,6 +47,7 @@ def _async_connect():
 
 
 def _closed_types() -> tuple[type[BaseException], ...]:
+    """The websockets exception for a closed connection."""
     from websockets.exceptions import ConnectionClosed
     return (ConnectionClosed,)
 
@@ -130,10 +134,12 @@ class PtySession:
 
 
 def _close_code(exc: BaseException) -> Optional[int]:
+    """The close code the server sent, if any."""
     return getattr(getattr(exc, "rcvd", None), "code", None)
 
 
 def _left(deadline: Optional[float]) -> Optional[float]:
+    """Seconds left before ``deadline``; SandboxTimeoutError once it has passed."""
     if deadline is None:
         return None
     left = deadline - time.monotonic()
@@ -143,6 +149,7 @@ def _left(deadline: Optional[float]) -> Optional[float]:
 
 
 def _deadline(timeout: Optional[float]) -> Optional[float]:
+    """A monotonic deadline ``timeout`` seconds from now (None: none)."""
     return None if timeout is None else time.monotonic() + timeout
 
 
@@ -150,22 +157,29 @@ def _deadline(timeout: Optional[float]) -> Optional[float]:
 class PtyProcess:
     """A process on a pseudo-terminal in a sandbox, driven over a blocking WebSocket."""
 
-    def __init__(self, ws: Any, session: PtySession):
+    def __init__(self, ws: Any, session: PtySession, stack: contextlib.ExitStack):
         self._ws = ws
         self._session = session
+        self._stack = stack
         self._closed = False
 
     @classmethod
     def open(cls, url: str, subprotocols: list[str], init: p.PtyInit, open_timeout: float = 30.0) -> "PtyProcess":
         """Connect, send the init frame and wait for the server's ready frame."""
         connect = _sync_connect()
-        try:
-            ws = connect(url, subprotocols=subprotocols or None, open_timeout=open_timeout, max_size=MAX_FRAME)
+        stack = contextlib.ExitStack()
+        try:  # entered as a context, as websockets >= 17.1 expects; close() exits it
+            ws = stack.enter_context(connect(url, subprotocols=subprotocols or None, open_timeout=open_timeout,
+                                             max_size=MAX_FRAME))
         except Exception as exc:
             raise (_handshake_error(exc) or exc) from exc
-        proc = cls(ws, PtySession())
-        proc._send(init.model_dump_json())
-        proc._start(open_timeout)
+        proc = cls(ws, PtySession(), stack)
+        try:
+            proc._send(init.model_dump_json())
+            proc._start(open_timeout)
+        except BaseException:
+            proc.close()
+            raise
         return proc
 
     @property
@@ -179,11 +193,13 @@ class PtyProcess:
         return self._session.returncode
 
     def _start(self, timeout: float) -> None:
+        """Read frames until the server says ready."""
         deadline = _deadline(timeout)
         while not self._session.started():
             self._pump(deadline)
 
     def _send(self, frame: str) -> None:
+        """Send one frame; a closed socket becomes SandboxError."""
         try:
             self._ws.send(frame)
         except _closed_types() as exc:
@@ -235,7 +251,7 @@ class PtyProcess:
             self._ws.send(PtySession.close())
         except Exception:
             pass
-        self._ws.close()
+        self._stack.close()
 
     def __enter__(self) -> "PtyProcess":
         return self
@@ -264,8 +280,12 @@ class AsyncPtyProcess:
         except Exception as exc:
             raise (_handshake_error(exc) or exc) from exc
         proc = cls(ws, PtySession())
-        await proc._send(init.model_dump_json())
-        await proc._start(open_timeout)
+        try:
+            await proc._send(init.model_dump_json())
+            await proc._start(open_timeout)
+        except BaseException:
+            await proc.close()
+            raise
         return proc
 
     @property
@@ -279,11 +299,13 @@ class AsyncPtyProcess:
         return self._session.returncode
 
     async def _start(self, timeout: float) -> None:
+        """Read frames until the server says ready."""
         deadline = _deadline(timeout)
         while not self._session.started():
             await self._pump(deadline)
 
     async def _send(self, frame: str) -> None:
+        """Send one frame; a closed socket becomes SandboxError."""
         try:
             await self._ws.send(frame)
         except _closed_types() as exc:

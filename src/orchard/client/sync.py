@@ -44,6 +44,7 @@ def drive(flow: Flow[Any], http: httpx.Client, default_timeout: Optional[float])
 
 
 def _step(step: Any, http: httpx.Client, default_timeout: Optional[float]) -> tuple[Any, Optional[BaseException]]:
+    """Carry out one step of a flow: sleep, or send and catch the transport error for the flow."""
     if isinstance(step, Sleep):
         time.sleep(step.seconds)
         return None, None
@@ -54,6 +55,7 @@ def _step(step: Any, http: httpx.Client, default_timeout: Optional[float]) -> tu
 
 
 def _send(request: HttpRequest, http: httpx.Client, default_timeout: Optional[float]) -> HttpReply:
+    """Send one request and return the reply as data."""
     response = http.request(request.method, request.path, json=request.json, params=request.params,
                             headers=request.headers, timeout=request_timeout(request, default_timeout))
     return HttpReply.from_raw(response.status_code, response.headers, response.content)
@@ -98,6 +100,7 @@ def emergency_delete(core: ClientCore, http: httpx.Client) -> None:
 
 
 def _install_hooks() -> None:
+    """Register the atexit hook once, and the signal hooks once from the main thread."""
     with _HOOK_LOCK:
         if not _HOOKS["atexit"]:
             atexit.register(cleanup_live_clients)
@@ -109,6 +112,7 @@ def _install_hooks() -> None:
 
 
 def _chain_signal(signum: int) -> None:
+    """Put our cleanup in front of whatever handled ``signum`` before."""
     previous = signal.getsignal(signum)
 
     def handler(sig: int, frame: Any) -> None:
@@ -141,10 +145,12 @@ class SandboxClient:
         register(self)
 
     def _new_http(self, transport: Optional[httpx.BaseTransport], timeout: Optional[float]) -> httpx.Client:
+        """A connection pool to the service with the SDK's headers."""
         return httpx.Client(base_url=self.config.base_url, headers=self._core.default_headers(),
                             timeout=timeout, transport=transport)
 
     def _run(self, flow: Flow[Any]) -> Any:
+        """Drive a flow over this client's connection pool."""
         if self._closed:
             raise RuntimeError("this SandboxClient is closed")
         return drive(flow, self._http, self.config.timeout)
@@ -250,10 +256,12 @@ class SandboxInstance:
         self._heartbeat: Optional[tuple[threading.Thread, threading.Event]] = None
 
     def _run(self, flow: Flow[Any]) -> Any:
+        """Drive a flow through the owning client."""
         return self.client._run(flow)
 
     @property
     def _core(self) -> ClientCore:
+        """The owning client's I/O-free core."""
         return self.client._core
 
     def exec(self, command: Union[str, list[str]], timeout: Optional[float] = None, cwd: Optional[str] = None,
@@ -335,6 +343,7 @@ class SandboxInstance:
             thread.join(timeout=1.0)
 
     def _beat(self, interval: float, stop: threading.Event) -> None:
+        """Beat until stopped, the client closes or the sandbox is gone."""
         while not stop.is_set() and not self.client.closed:
             if not _beat_once(self):
                 return

@@ -208,7 +208,10 @@ class Cgroups:
                 _mkdir(d)
             self._set_limits(sandbox_id, cpu, memory, pids)
         except BackendError:
-            self.remove(sandbox_id)
+            try:
+                self.remove(sandbox_id)
+            except BackendError:
+                pass  # the first error is the one worth reporting
             raise
         return [os.path.join(d, "cgroup.procs") for d in dirs]
 
