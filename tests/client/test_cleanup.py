@@ -142,6 +142,7 @@ def http_server():
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}", _Recorder.log
     httpd.shutdown()
+    httpd.server_close()
 
 
 def _child(url: str, tail: str, head: str = "") -> subprocess.CompletedProcess:
@@ -188,4 +189,31 @@ def test_sigint_raises_keyboard_interrupt_after_cleanup(http_server):
             print('interrupted')
     """)
     assert done.returncode == 0 and "interrupted" in done.stdout, done.stderr
+    assert log.count(("DELETE", "/sandboxes/sbx")) == 1
+
+
+def test_an_ignored_signal_stays_ignored(http_server):
+    url, log = http_server
+    head = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    done = _child(url, "os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.2); print('alive')", head)
+    assert done.returncode == 0 and "alive" in done.stdout, done.stderr
+    assert log.count(("DELETE", "/sandboxes/sbx")) == 1   # at exit, not on the ignored signal
+
+
+def test_async_client_sandboxes_are_deleted_at_exit(http_server):
+    url, log = http_server
+    code = textwrap.dedent(f"""
+        import asyncio
+        from orchard import AsyncSandboxClient
+
+        async def main():
+            client = AsyncSandboxClient(base_url={url!r})
+            await client.create_sandbox("img")
+            return client     # never closed: the exit hook must clean up without an event loop
+
+        kept = asyncio.run(main())
+    """)
+    env = {**os.environ, "PYTHONPATH": SRC, "NO_PROXY": "*", "no_proxy": "*"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
     assert log.count(("DELETE", "/sandboxes/sbx")) == 1

@@ -28,6 +28,10 @@ def _session(ws, seen: list) -> None:
         ws.send(json.dumps({"type": "error", "message": "cwd does not exist"}))
         ws.close(4400)
         return
+    if init["cmd"][-1] == "gone":
+        ws.send(json.dumps({"type": "error", "message": "Sandbox sb1 not found", "error": "SandboxNotFoundError"}))
+        ws.close(4400)
+        return
     ws.send(json.dumps({"type": "ready", "pid": 42}))
     for text in ws:
         frame = json.loads(text)
@@ -113,6 +117,12 @@ def test_error_frame_raises_request_error(pty_sandbox):
     sandbox, _ = pty_sandbox
     with pytest.raises(errors.RequestError, match="cwd does not exist"):
         sandbox.exec("bad", pty=True)
+
+
+def test_error_frame_names_its_class(pty_sandbox):
+    sandbox, _ = pty_sandbox
+    with pytest.raises(errors.SandboxNotFoundError, match="sb1 not found"):
+        sandbox.exec("gone", pty=True)
 
 
 def test_bad_signal_name_is_refused(pty_sandbox):

@@ -4,7 +4,7 @@ import pytest
 
 from orchard import JobResult, errors
 
-from .conftest import created, job, reply, sandbox_info
+from .conftest import FakeServer, created, job, reply, sandbox_info
 
 TIMED_OUT = reply(408, {"detail": "Sandbox sb1 did not become ready within 60s"})
 
@@ -144,3 +144,11 @@ def test_job_result_properties():
     running = JobResult.from_job(Job.model_validate(job("running", None)))
     assert not running.is_complete and not running.succeeded and not running.failed
     assert JobResult.from_job(Job.model_validate(job())).succeeded
+
+
+def test_no_client_deadline_when_timeout_is_none(client, server):
+    server.on("POST", "/sandboxes", reply(200, created()))
+    server.on("GET", "/sandboxes/sb1/wait", TIMED_OUT, reply(200, sandbox_info()))
+    client.create_sandbox("img", timeout=None, poll_interval=0)
+    assert FakeServer.body(server.calls("POST", "/sandboxes")[0])["timeout"] is None
+    assert [r.url.params["timeout"] for r in server.calls("GET", "/sandboxes/sb1/wait")] == ["60", "60"]

@@ -65,7 +65,8 @@ class AsyncSandboxClient:
         self._http = httpx.AsyncClient(base_url=self.config.base_url, headers=self._core.default_headers(),
                                        timeout=self.config.timeout, transport=transport)
         self._closed = False
-        register(self)
+        if auto_cleanup:
+            register(self)
 
     async def _run(self, flow: Flow[Any]) -> Any:
         """Drive a flow over this client's connection pool."""
@@ -107,7 +108,7 @@ class AsyncSandboxClient:
 
     # -- sandboxes
     async def create_sandbox(self, image: str, block_network: bool = True, sandbox_id: Optional[str] = None,
-                             cpu: Optional[str] = None, memory: Optional[str] = None, timeout: float = 3600,
+                             cpu: Optional[str] = None, memory: Optional[str] = None, timeout: Optional[float] = 3600,
                              wait_ready: bool = True, poll_interval: float = 1.0,
                              **extra: Any) -> "AsyncSandboxInstance":
         """Create a sandbox (extra keys such as ttl_seconds go into the body) and wait until it is ready."""
@@ -233,7 +234,7 @@ class AsyncSandboxInstance:
         """The sandbox's current info."""
         return await self._run(self._core.info_flow(self.sandbox_id))
 
-    async def wait_ready(self, timeout: float = 3600, poll_interval: float = 1.0) -> p.SandboxInfo:
+    async def wait_ready(self, timeout: Optional[float] = 3600, poll_interval: float = 1.0) -> p.SandboxInfo:
         """Wait until the sandbox is ready; SandboxFailedError or SandboxTimeoutError otherwise."""
         return await self._run(self._core.wait_flow(self.sandbox_id, timeout, poll_interval))
 

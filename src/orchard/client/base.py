@@ -361,7 +361,7 @@ class ClientCore:
         body.update({k: v for k, v in extra.items() if k not in known})
         return body
 
-    def create_flow(self, body: dict[str, Any], wait_ready: bool, timeout: float,
+    def create_flow(self, body: dict[str, Any], wait_ready: bool, timeout: Optional[float],
                     poll_interval: float) -> Flow[p.CreateSandboxResponse]:
         """POST /sandboxes, track the new sandbox, then wait for it unless told not to."""
         created = yield from self._fetch(HttpRequest("POST", "/sandboxes", json=body), p.CreateSandboxResponse)
@@ -370,7 +370,7 @@ class ClientCore:
             yield from self._wait_or_discard(created.sandbox_id, timeout, poll_interval)
         return created
 
-    def _wait_or_discard(self, sandbox_id: str, timeout: float, poll_interval: float) -> Flow[p.SandboxInfo]:
+    def _wait_or_discard(self, sandbox_id: str, timeout: Optional[float], poll_interval: float) -> Flow[p.SandboxInfo]:
         """Wait for readiness; a sandbox that failed or timed out is deleted (with auto_cleanup) before raising."""
         try:
             return (yield from self.wait_flow(sandbox_id, timeout, poll_interval))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import signal as _signal
 import time
 from collections import deque
@@ -76,6 +77,7 @@ class PtySession:
         self.pid: Optional[int] = None
         self.returncode: Optional[int] = None
         self.error: Optional[str] = None
+        self.error_name: Optional[str] = None
         self.eof = False
         self.chunks: deque[bytes] = deque()
 
@@ -103,8 +105,9 @@ class PtySession:
     def feed(self, text: Any) -> None:
         """Take in one server frame; frames of unknown type are ignored."""
         try:
-            frame = _SERVER_FRAME.validate_json(text)
-        except ValidationError:
+            raw = json.loads(text)
+            frame = _SERVER_FRAME.validate_python(raw)
+        except (ValueError, ValidationError):
             return
         if isinstance(frame, p.PtyReady):
             self.pid = frame.pid
@@ -113,14 +116,14 @@ class PtySession:
         elif isinstance(frame, p.PtyExit):
             self.returncode, self.eof = frame.code, True
         elif isinstance(frame, p.PtyError):
-            self.error = frame.message
+            self.error, self.error_name = frame.message, raw.get("error")
 
     def connection_closed(self, code: Optional[int]) -> None:
         """Record the end of the socket; raise if it ended on an error or before the process exited."""
         self.eof = True
         if self.error is not None:
-            cls = errors.RequestError if code == 4400 else errors.ServerError
-            raise cls(self.error, status_code=400 if code == 4400 else 500)
+            body = {"detail": self.error, "error": self.error_name}
+            raise errors.error_from_response(400 if code == 4400 else 500, body)
         if self.returncode is None:
             raise errors.SandboxError(f"PTY connection closed (code {code}) before the process exited")
 

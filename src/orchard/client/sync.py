@@ -112,8 +112,10 @@ def _install_hooks() -> None:
 
 
 def _chain_signal(signum: int) -> None:
-    """Put our cleanup in front of whatever handled ``signum`` before."""
+    """Put our cleanup in front of whatever handled ``signum`` before (an ignored signal stays ignored)."""
     previous = signal.getsignal(signum)
+    if previous in (signal.SIG_IGN, None):
+        return
 
     def handler(sig: int, frame: Any) -> None:
         cleanup_live_clients()
@@ -126,9 +128,9 @@ def _forward(previous: Any, signum: int, frame: Any) -> None:
     """Hand the signal to the handler we replaced, or re-deliver it with the default action."""
     if callable(previous):
         previous(signum, frame)
-    elif previous != signal.SIG_IGN:
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+        return
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 # ---------------------------------------------------------------- client
@@ -142,7 +144,8 @@ class SandboxClient:
         self._transport = transport
         self._http = self._new_http(transport, self.config.timeout)
         self._closed = False
-        register(self)
+        if auto_cleanup:
+            register(self)
 
     def _new_http(self, transport: Optional[httpx.BaseTransport], timeout: Optional[float]) -> httpx.Client:
         """A connection pool to the service with the SDK's headers."""
@@ -189,7 +192,7 @@ class SandboxClient:
 
     # -- sandboxes
     def create_sandbox(self, image: str, block_network: bool = True, sandbox_id: Optional[str] = None,
-                       cpu: Optional[str] = None, memory: Optional[str] = None, timeout: float = 3600,
+                       cpu: Optional[str] = None, memory: Optional[str] = None, timeout: Optional[float] = 3600,
                        wait_ready: bool = True, poll_interval: float = 1.0, **extra: Any) -> "SandboxInstance":
         """Create a sandbox (extra keys such as ttl_seconds go into the body) and wait until it is ready."""
         body = self._core.create_body(image, block_network, sandbox_id, cpu, memory, timeout, extra)
@@ -311,7 +314,7 @@ class SandboxInstance:
         """The sandbox's current info."""
         return self._run(self._core.info_flow(self.sandbox_id))
 
-    def wait_ready(self, timeout: float = 3600, poll_interval: float = 1.0) -> p.SandboxInfo:
+    def wait_ready(self, timeout: Optional[float] = 3600, poll_interval: float = 1.0) -> p.SandboxInfo:
         """Block until the sandbox is ready; SandboxFailedError or SandboxTimeoutError otherwise."""
         return self._run(self._core.wait_flow(self.sandbox_id, timeout, poll_interval))
 

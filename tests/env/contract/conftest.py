@@ -6,7 +6,7 @@ running service with ORCHARD_TEST_URL (and ORCHARD_TEST_KEY_A / _KEY_B / _ADMIN_
 
 from __future__ import annotations
 
-import http.server
+import http.server as http_server
 import os
 import threading
 from pathlib import Path
@@ -21,7 +21,7 @@ KEY_A, KEY_B, ADMIN = "key-a-123", "key-b-456", "admin-789"
 IMAGE = os.environ.get("ORCHARD_TEST_IMAGE", "host")
 
 
-class _Echo(http.server.BaseHTTPRequestHandler):
+class _Echo(http_server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         body = b"model-endpoint-ok"
         self.send_response(200)
@@ -36,7 +36,7 @@ class _Echo(http.server.BaseHTTPRequestHandler):
 @pytest.fixture(scope="session")
 def model_server():
     """A host HTTP server standing in for the harness proxy."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), _Echo)
+    server = http_server.ThreadingHTTPServer(("127.0.0.1", free_port()), _Echo)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server.server_address[1]
     server.shutdown()

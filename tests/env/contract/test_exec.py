@@ -22,11 +22,13 @@ def test_argv_runs_without_shell_and_keeps_quoting(sandbox):
 
 
 def test_commands_of_any_length(sandbox):
-    arg = "x" * 300_000
+    arg = "x" * 100_000
     r = sandbox.exec(["python3", "-c", "import sys; print(len(sys.argv[1]))", arg])
-    assert r.stdout.strip() == "300000"
-    r = sandbox.exec(f"echo {'y' * 200_000} | wc -c")
-    assert r.stdout.strip() == "200001"
+    assert r.stdout.strip() == "100000"
+    r = sandbox.exec(f"echo {'y' * 2_000_000} | wc -c")
+    assert r.stdout.strip() == "2000001"
+    r = sandbox.exec("cat <<'EOF'\n" + "z" * 300_000 + "\nEOF\necho $0", login_shell=True)
+    assert r.stdout.startswith("zzz") and r.exit_code == 0
 
 
 def test_env_and_cwd(sandbox):

@@ -28,7 +28,8 @@ def test_sigkill_and_restart(tmp_path, model_server):
         lost = http.get(f"/jobs/{running}").json()
         assert lost["status"] == "failed" and "restarted" in lost["error"]
         assert http.get(f"/sandboxes/{sb.sandbox_id}").json()["status"] == "ready"
-        assert sb.exec("cat /workspace/f").stdout == "before\n"
+        again = sb.exec("cat /workspace/f")
+        assert again.stdout == "before\n", again
     finally:
         sb.delete()
         client.close()

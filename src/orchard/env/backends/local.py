@@ -10,6 +10,7 @@ Sandboxes outlive the service: their metadata lives under <state_dir>/sandboxes/
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -62,7 +63,9 @@ class LocalBackend:
         self.namespace = settings.namespace
         self.root = Path(settings.state_dir) / "sandboxes"
         self.images_store = ImageStore(Path(settings.state_dir))
-        self.cgroups = Cgroups()
+        # one cgroup parent per state dir: two services on one host never touch each other's sandboxes
+        tag = hashlib.sha256(str(Path(settings.state_dir).resolve()).encode()).hexdigest()[:8]
+        self.cgroups = Cgroups(parent_name=f"orchard-{tag}")
         self.helper = ""
         self.bwrap = shutil.which("bwrap") or "/usr/bin/bwrap"
         self._live: dict[str, Meta] = {}

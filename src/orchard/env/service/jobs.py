@@ -21,6 +21,7 @@ from orchard.env.service.waits import Waiters
 from orchard.env.settings import Settings
 
 log = logging.getLogger("orchard.env")
+LONG_COMMAND = 64 * 1024
 RESTARTED = "The service restarted while this job was {}; its result was lost"
 
 
@@ -87,7 +88,7 @@ class JobRunner:
         job.status, job.started_at = "running", time.time()
         await self.store.put_job(job)
         self.metrics.jobs_running.inc()
-        spec = ExecSpec(argv=argv_of(req.command, req.login_shell), cwd=req.cwd, env=req.env or {},
+        spec = ExecSpec(argv=await self._argv(job, req), cwd=req.cwd, env=req.env or {},
                         timeout=float(req.timeout_seconds or self.settings.exec_timeout),
                         output_limit=self.settings.output_limit)
         try:
@@ -101,6 +102,15 @@ class JobRunner:
             self.metrics.jobs_running.dec()
         if not job.finished:
             _apply(job, outcome)
+
+    async def _argv(self, job: JobRecord, req: ExecRequest) -> list[str]:
+        """A long shell command travels as a script file: the kernel caps one argv string at 128 KiB."""
+        if not isinstance(req.command, str) or len(req.command) < LONG_COMMAND:
+            return argv_of(req.command, req.login_shell)
+        path = f"/tmp/.orchard-cmd-{job.job_id}.sh"
+        script = f'rm -f -- "{path}"\n{req.command}\n'.encode()
+        await self.backend.write_file(job.sandbox_id, path, script, 0o600)
+        return ["bash", "--login", path] if req.login_shell else ["bash", path]
 
     async def _finish(self, job: JobRecord) -> None:
         if not job.finished:
