@@ -5,10 +5,12 @@ import json
 import sys
 import threading
 
+import httpx
 import pytest
 
-from orchard import errors
+from orchard import AsyncSandboxClient, errors
 from orchard.client.pty import AsyncPtyProcess, PtyProcess
+from orchard.env.protocol import PtyInit
 
 from .conftest import reply, sandbox_info
 
@@ -145,7 +147,6 @@ def test_refused_handshake_is_typed(pty_server, make_client, server):
 async def test_async_session(pty_server):
     url, seen = pty_server
     init_url = url.replace("http", "ws") + "/sandboxes/sb1/exec/pty"
-    from orchard.env.protocol import PtyInit
     async with await AsyncPtyProcess.open(init_url, ["api_key.key-1"], PtyInit(cmd=["bash"])) as proc:
         await proc.write("ping")
         assert await proc.read(timeout=5) == b"ping"
@@ -155,8 +156,6 @@ async def test_async_session(pty_server):
 
 
 async def test_async_exec_pty(pty_server, server):
-    import httpx
-    from orchard import AsyncSandboxClient
     url, _ = pty_server
     server.on("GET", "/sandboxes/sb1", reply(200, sandbox_info()))
     async with AsyncSandboxClient(base_url=url, api_key="key-1", transport=httpx.MockTransport(server.handler)) as c:

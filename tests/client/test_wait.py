@@ -3,6 +3,7 @@
 import pytest
 
 from orchard import JobResult, errors
+from orchard.env.protocol import Job
 
 from .conftest import FakeServer, created, job, reply, sandbox_info
 
@@ -138,7 +139,6 @@ def test_unknown_job_raises_not_found(client, server):
 
 
 def test_job_result_properties():
-    from orchard.env.protocol import Job
     done = JobResult.from_job(Job.model_validate(job("failed", 124, error="Execution timed out after 5s")))
     assert done.failed and not done.succeeded and done.is_complete and done.error.startswith("Execution")
     running = JobResult.from_job(Job.model_validate(job("running", None)))

@@ -192,7 +192,7 @@ class AsyncSandboxInstance:
     async def exec(self, command: Union[str, list[str]], timeout: Optional[float] = None,
                    cwd: Optional[str] = None, env: Optional[dict[str, str]] = None, login_shell: bool = False,
                    pty: bool = False) -> Union[JobResult, AsyncPtyProcess]:
-        """Run a command (a string under bash, a list as argv) and return its JobResult, or an AsyncPtyProcess."""
+        """Run a command (a string under bash, a list as argv): its JobResult, or an AsyncPtyProcess if pty."""
         if pty:
             init = self._core.pty_init(command, cwd, env, login_shell)
             return await AsyncPtyProcess.open(self._core.pty_url(self.sandbox_id), self._core.pty_subprotocols(),

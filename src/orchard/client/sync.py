@@ -270,7 +270,7 @@ class SandboxInstance:
     def exec(self, command: Union[str, list[str]], timeout: Optional[float] = None, cwd: Optional[str] = None,
              env: Optional[dict[str, str]] = None, login_shell: bool = False,
              pty: bool = False) -> Union[JobResult, PtyProcess]:
-        """Run a command (a string under bash, a list as argv) and return its JobResult, or a PtyProcess."""
+        """Run a command (a string under bash, a list as argv): its JobResult, or a PtyProcess (no timeout) if pty."""
         if pty:
             init = self._core.pty_init(command, cwd, env, login_shell)
             return PtyProcess.open(self._core.pty_url(self.sandbox_id), self._core.pty_subprotocols(), init)
