@@ -19,10 +19,20 @@ def _serve(args: argparse.Namespace) -> int:
         "api_keys": args.api_key or None, "admin_keys": args.admin_key or None,
         "no_auth": True if args.no_auth else None}.items() if v is not None}
     settings = Settings(**overrides)
+    _raise_fd_limit()
     app = create_app(settings)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
                 loop="uvloop", http="httptools", ws="websockets", access_log=False, timeout_graceful_shutdown=10)
     return 0
+
+
+def _raise_fd_limit() -> None:
+    """Thousands of sandboxes need thousands of descriptors: take the hard limit (no privilege needed)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _bench(args: argparse.Namespace) -> int:

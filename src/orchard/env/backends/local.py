@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -29,7 +30,7 @@ from orchard.env.backends.local_forward import Forwarder, listen_in_netns
 from orchard.env.backends.local_fs import SandboxFS
 from orchard.env.backends.local_helper import helper_path
 from orchard.env.backends.local_images import Image, ImageStore
-from orchard.env.backends.local_proc import read_status, run_helper, PtyHandle
+from orchard.env.backends.local_proc import Child, PtyHandle, read_status, run_helper
 from orchard.env.protocol import FileEntry
 from orchard.env.settings import Settings
 
@@ -119,19 +120,22 @@ class LocalBackend:
         argv = [self.helper, "mount", *_flags("--cgroup", procs), *overlays, "--", *self._bwrap_args(spec, image, home)]
         info_r, info_w = os.pipe2(os.O_CLOEXEC)
         helper_fd = os.open(self.helper, os.O_RDONLY | os.O_CLOEXEC)
+        err_r, err_w = os.pipe2(os.O_CLOEXEC)
+        ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+        fds = {"{INFO}": str(info_w), "{HELPER}": str(helper_fd), "{READY}": str(ready_w)}
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *[a.replace("{INFO}", str(info_w)).replace("{HELPER}", str(helper_fd)) for a in argv],
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE, pass_fds=(info_w, helper_fd), start_new_session=True, env={})
+            proc = Child([_fill(a, fds) for a in argv], {}, subprocess.DEVNULL, subprocess.DEVNULL, err_w,
+                         (info_w, helper_fd, ready_w), new_session=True)
         finally:
-            os.close(info_w)
-            os.close(helper_fd)
+            for fd in (info_w, helper_fd, err_w, ready_w):
+                os.close(fd)
         try:
             info = await read_status(info_r, timeout=30.0)
+            ready = await read_status(ready_r, timeout=30.0)    # init runs only once bubblewrap set everything up
+            return await _child_pid(proc, info if ready.startswith(b"ready") else b"", err_r)
         finally:
-            os.close(info_r)
-        return await _child_pid(proc, info)
+            for fd in (info_r, ready_r, err_r):
+                os.close(fd)
 
     def _bwrap_args(self, spec: SandboxSpec, image: Image, home: Path) -> list[str]:
         args = [self.bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", spec.sandbox_id,
@@ -139,7 +143,7 @@ class LocalBackend:
                 "--dir", image.workdir, "--chdir", "/", "--as-pid-1", "--info-fd", "{INFO}"]
         if spec.block_network:
             args.insert(1, "--unshare-net")
-        return args + ["--", "/proc/self/fd/{HELPER}", "init"]
+        return args + ["--", "/proc/self/fd/{HELPER}", "init", "{READY}"]
 
     def _track(self, meta: Meta) -> None:
         self._live[meta.sandbox_id] = meta
@@ -300,6 +304,12 @@ class LocalBackend:
 
 
 # ---------------------------------------------------------------- helpers
+def _fill(arg: str, fds: dict[str, str]) -> str:
+    for placeholder, fd in fds.items():
+        arg = arg.replace(placeholder, fd)
+    return arg
+
+
 def _flags(flag: str, values: list[str]) -> list[str]:
     return [part for value in values for part in (flag, value)]
 
@@ -322,16 +332,16 @@ def _layout(home: Path, image: Image) -> list[str]:
     return args
 
 
-async def _child_pid(proc: asyncio.subprocess.Process, info: bytes) -> int:
+async def _child_pid(proc: Child, info: bytes, err_fd: int) -> int:
     try:
-        return int(json.loads(info)["child-pid"])
+        pid = int(json.loads(info)["child-pid"])
+        asyncio.ensure_future(proc.wait())      # bubblewrap's monitor exits with the sandbox: reap it then
+        return pid
     except (ValueError, KeyError):
         pass
-    try:
-        _, stderr = await asyncio.wait_for(proc.communicate(), 10)
-    except asyncio.TimeoutError:
-        proc.kill()
-        stderr = b""
+    proc.kill()
+    await proc.wait()
+    stderr = await read_status(err_fd, 1.0)
     message = stderr.decode("utf-8", "replace").strip() or f"exit code {proc.returncode}"
     raise errors.SandboxFailedError(f"Sandbox failed to start: {message}")
 

@@ -6,6 +6,7 @@ import asyncio
 import fcntl
 import os
 import struct
+import subprocess
 import termios
 import time
 from typing import Awaitable, Callable, Optional
@@ -16,11 +17,52 @@ KillTree = Callable[[], Awaitable[None]]
 DRAIN_GRACE = 0.05      # output still buffered when the command exits; background children may keep pipes open
 
 
-async def read_status(fd: int, timeout: Optional[float]) -> bytes:
-    """Everything written to fd until EOF (or until timeout)."""
+class Child:
+    """A process started with subprocess.Popen (vfork: cheap even from a large service) awaited through a pidfd."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], stdin: int, stdout: int, stderr: int,
+                 pass_fds: tuple[int, ...], new_session: bool = False):
+        self.popen = subprocess.Popen(argv, env=env, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=pass_fds,
+                                      close_fds=True, start_new_session=new_session)
+        self.pid = self.popen.pid
+        self._pidfd = os.pidfd_open(self.pid)
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return self.popen.returncode
+
+    async def wait(self) -> int:
+        """Exit status (negative: killed by that signal), without blocking the loop."""
+        if self.popen.returncode is None and self._pidfd >= 0:
+            await _readable(self._pidfd)
+        code = self.popen.wait()
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+            self._pidfd = -1
+        return code
+
+    def kill(self) -> None:
+        if self.popen.returncode is None:
+            try:
+                self.popen.kill()
+            except ProcessLookupError:
+                pass
+
+
+async def _readable(fd: int) -> None:
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future = loop.create_future()
+    loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+
+
+async def read_fd(fd: int, sink: Callable[[bytes], None], timeout: Optional[float] = None) -> None:
+    """Feed everything read from fd to sink until EOF (or timeout); the caller closes fd."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future = loop.create_future()
-    chunks: list[bytes] = []
 
     def readable() -> None:
         try:
@@ -30,7 +72,7 @@ async def read_status(fd: int, timeout: Optional[float]) -> bytes:
         except OSError:
             data = b""
         if data:
-            chunks.append(data)
+            sink(data)
         elif not done.done():
             done.set_result(None)
 
@@ -42,6 +84,12 @@ async def read_status(fd: int, timeout: Optional[float]) -> bytes:
         pass
     finally:
         loop.remove_reader(fd)
+
+
+async def read_status(fd: int, timeout: Optional[float]) -> bytes:
+    """Everything written to fd until EOF (or until timeout)."""
+    chunks: list[bytes] = []
+    await read_fd(fd, chunks.append, timeout)
     return b"".join(chunks)
 
 
@@ -60,15 +108,14 @@ class Capped:
     def __init__(self, limit: int):
         self.limit, self.parts, self.size, self.truncated = limit, [], 0, False
 
-    async def drain(self, stream: asyncio.StreamReader) -> None:
-        while chunk := await stream.read(65536):
-            room = self.limit - self.size
-            if len(chunk) > room:
-                self.truncated = True
-                chunk = chunk[:max(room, 0)]
-            if chunk:
-                self.parts.append(chunk)
-                self.size += len(chunk)
+    def feed(self, chunk: bytes) -> None:
+        room = self.limit - self.size
+        if len(chunk) > room:
+            self.truncated = True
+            chunk = chunk[:max(room, 0)]
+        if chunk:
+            self.parts.append(chunk)
+            self.size += len(chunk)
 
     def value(self) -> bytes:
         return b"".join(self.parts)
@@ -81,23 +128,32 @@ def _with_status_fd(argv: list[str], fd: int) -> list[str]:
 async def run_helper(argv: list[str], env: dict[str, str], spec: ExecSpec, kill_tree: KillTree) -> ExecOutcome:
     """Run one command through `orchard-sandbox enter` and report how it ended."""
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
     started = time.time()
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *_with_status_fd(argv, status_w), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, pass_fds=(status_w,), env=env)
+        proc = Child(_with_status_fd(argv, status_w), env, subprocess.DEVNULL, out_w, err_w, (status_w,))
+    except BaseException:
+        for fd in (status_r, out_r, err_r):
+            os.close(fd)
+        raise
     finally:
-        os.close(status_w)
+        for fd in (status_w, out_w, err_w):
+            os.close(fd)
     out, err = Capped(spec.output_limit), Capped(spec.output_limit)
-    readers = {asyncio.create_task(out.drain(proc.stdout)), asyncio.create_task(err.drain(proc.stderr))}
+    readers = {asyncio.create_task(read_fd(out_r, out.feed)), asyncio.create_task(read_fd(err_r, err.feed))}
     status_task = asyncio.create_task(read_status(status_r, None))
-    timed_out = await _wait_or_kill(proc, spec.timeout, kill_tree)
-    await _finish_readers(readers)
+    try:
+        timed_out = await _wait_or_kill(proc, spec.timeout, kill_tree)
+        await _finish_readers(readers)
+    finally:
+        os.close(out_r)
+        os.close(err_r)
     status = parse_status(await _status(status_task, status_r))
     return _outcome(proc.returncode, status, out, err, timed_out, spec.timeout, started)
 
 
-async def _wait_or_kill(proc: asyncio.subprocess.Process, timeout: float, kill_tree: KillTree) -> bool:
+async def _wait_or_kill(proc: Child, timeout: float, kill_tree: KillTree) -> bool:
     try:
         await asyncio.wait_for(proc.wait(), timeout)
         return False
@@ -147,7 +203,7 @@ def _outcome(code: Optional[int], status: dict[str, str], out: Capped, err: Capp
 class PtyHandle:
     """A command on a pseudo-terminal inside a sandbox (see base.PtyProcess)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, master_fd: int, pid: int, host_pid: int, kill: KillTree):
+    def __init__(self, proc: Child, master_fd: int, pid: int, host_pid: int, kill: KillTree):
         self.proc, self.master_fd, self.pid, self.host_pid, self._kill = proc, master_fd, pid, host_pid, kill
 
     @classmethod
@@ -156,9 +212,7 @@ class PtyHandle:
         _set_size(master, rows, cols)
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *_with_status_fd(argv, status_w), stdin=slave, stdout=slave, stderr=slave,
-                pass_fds=(status_w,), env=env)
+            proc = Child(_with_status_fd(argv, status_w), env, slave, slave, slave, (status_w,))
         finally:
             os.close(slave)
             os.close(status_w)

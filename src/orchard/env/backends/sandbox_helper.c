@@ -3,8 +3,9 @@
  *   orchard-sandbox mount [--cgroup PROCS]... [--overlay TARGET LOWERS UPPER WORK]... -- CMD...
  *       join cgroups, enter a new mount namespace, mount overlays (LOWERS: colon list, top first),
  *       then exec CMD (bubblewrap, which builds the sandbox on the mounted root).
- *   orchard-sandbox init
- *       pid 1 of a sandbox: reap children, otherwise sleep.
+ *   orchard-sandbox init [READY_FD]
+ *       pid 1 of a sandbox: say "ready" on READY_FD (the sandbox is fully set up once it runs),
+ *       then reap children, otherwise sleep.
  *   orchard-sandbox enter PID CWD [--status-fd N] [--cgroup PROCS]... -- CMD...
  *       join cgroups and the namespaces and root of sandbox init PID, fork, and in the child drop
  *       every capability, set no_new_privs, start a new session, chdir CWD and exec CMD.
@@ -99,7 +100,12 @@ static int mode_mount(int argc, char **argv) {
   return fail("exec", argv[cmd]);
 }
 
-static int mode_init(void) {
+static int mode_init(int ready_fd) {
+  if (ready_fd >= 0) {
+    if (write(ready_fd, "ready\n", 6) < 0) {}
+    close(ready_fd);
+  }
+  for (int fd = 3; fd < 1024; fd++) close(fd);
   sigset_t all;
   sigfillset(&all);
   sigprocmask(SIG_BLOCK, &all, NULL);
@@ -203,7 +209,7 @@ static int mode_enter(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-  if (argc >= 2 && strcmp(argv[1], "init") == 0) return mode_init();
+  if (argc >= 2 && strcmp(argv[1], "init") == 0) return mode_init(argc >= 3 ? atoi(argv[2]) : -1);
   if (argc >= 3 && strcmp(argv[1], "mount") == 0) return mode_mount(argc - 2, argv + 2);
   if (argc >= 3 && strcmp(argv[1], "enter") == 0) return mode_enter(argc - 2, argv + 2);
   fprintf(stderr, "usage: orchard-sandbox init | mount ... -- CMD | enter PID CWD ... -- CMD\n");
