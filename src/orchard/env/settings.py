@@ -34,6 +34,7 @@ class Settings(BaseSettings):
     default_memory: str = Field("2Gi", description="Memory limit when a create request gives none.")
     default_pids: int = Field(1024, gt=0, description="Process limit of every sandbox.")
     ready_timeout: int = Field(600, gt=0, description="Readiness wait (s) when a create request gives none.")
+    create_reply_wait: float = Field(1.0, ge=0, description="How long POST /sandboxes waits for readiness before answering 'pending'.")
     pending_buffer: float = Field(60.0, ge=0, description="Extra seconds past the readiness timeout before a pending sandbox is failed.")
     ttl_seconds: int = Field(7200, gt=0, description="Lifetime of a sandbox.")
     max_ttl_seconds: int = Field(86400, gt=0, description="Largest TTL a request or heartbeat may ask for.")

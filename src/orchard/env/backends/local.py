@@ -17,7 +17,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ from orchard.env.backends.local_forward import Forwarder, listen_in_netns
 from orchard.env.backends.local_fs import SandboxFS
 from orchard.env.backends.local_helper import helper_path
 from orchard.env.backends.local_images import Image, ImageStore
-from orchard.env.backends.local_proc import Child, PtyHandle, read_status, run_helper
+from orchard.env.backends.local_proc import Child, PtyHandle, readable, read_status, run_helper
 from orchard.env.protocol import FileEntry
 from orchard.env.settings import Settings
 
@@ -204,11 +203,9 @@ class LocalBackend:
         home = self.root / sandbox_id
         meta = self._live.pop(sandbox_id, None) or _read_meta(home)
         if meta is not None and _alive(meta):
-            _kill(meta.pid)
+            await _kill_and_wait(meta.pid)      # pid 1 of the sandbox: the kernel takes every process with it
         if self.cgroups.available:
-            await asyncio.to_thread(self.cgroups.remove, sandbox_id)
-        if meta is not None:
-            await _wait_gone(meta.pid)
+            self.cgroups.remove(sandbox_id)     # now empty: a few rmdirs
         await asyncio.to_thread(shutil.rmtree, home, True)
 
     async def list_live(self) -> Optional[list[LiveSandbox]]:
@@ -244,7 +241,7 @@ class LocalBackend:
                                     spec, kill_tree=lambda: self._kill_job(sandbox_id, job))
         finally:
             if procs:
-                asyncio.get_running_loop().run_in_executor(None, self.cgroups.remove_job, sandbox_id, job)
+                self.cgroups.remove_job(sandbox_id, job)
 
     def _enter(self, meta: Meta, cwd: Optional[str], procs: list[str], argv: list[str]) -> list[str]:
         return [self.helper, "enter", str(meta.pid), cwd or meta.workdir, *_flags("--cgroup", procs), "--", *argv]
@@ -358,25 +355,18 @@ def _alive(meta: Meta) -> bool:
     return bool(meta.start_time) and _start_time(meta.pid) == meta.start_time
 
 
-def _kill(pid: int) -> None:
+async def _kill_and_wait(pid: int, timeout: float = 10.0) -> None:
     try:
-        os.kill(pid, signal.SIGKILL)
+        fd = os.pidfd_open(pid)
     except ProcessLookupError:
-        pass
-
-
-async def _wait_gone(pid: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while os.path.exists(f"/proc/{pid}") and _state(pid) not in ("Z", "X", "") and time.monotonic() < deadline:
-        await asyncio.sleep(0.005)
-
-
-def _state(pid: int) -> str:
+        return
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        await asyncio.wait_for(readable(fd), timeout)
+    except (ProcessLookupError, asyncio.TimeoutError):
+        pass
+    finally:
+        os.close(fd)
 
 
 def _write_meta(home: Path, meta: Meta) -> None:

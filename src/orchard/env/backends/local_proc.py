@@ -34,7 +34,7 @@ class Child:
     async def wait(self) -> int:
         """Exit status (negative: killed by that signal), without blocking the loop."""
         if self.popen.returncode is None and self._pidfd >= 0:
-            await _readable(self._pidfd)
+            await readable(self._pidfd)
         code = self.popen.wait()
         if self._pidfd >= 0:
             os.close(self._pidfd)
@@ -49,7 +49,7 @@ class Child:
                 pass
 
 
-async def _readable(fd: int) -> None:
+async def readable(fd: int) -> None:
     loop = asyncio.get_running_loop()
     ready: asyncio.Future = loop.create_future()
     loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
@@ -64,7 +64,7 @@ async def read_fd(fd: int, sink: Callable[[bytes], None], timeout: Optional[floa
     loop = asyncio.get_running_loop()
     done: asyncio.Future = loop.create_future()
 
-    def readable() -> None:
+    def on_readable() -> None:
         try:
             data = os.read(fd, 65536)
         except BlockingIOError:
@@ -77,7 +77,7 @@ async def read_fd(fd: int, sink: Callable[[bytes], None], timeout: Optional[floa
             done.set_result(None)
 
     os.set_blocking(fd, False)
-    loop.add_reader(fd, readable)
+    loop.add_reader(fd, on_readable)
     try:
         await asyncio.wait_for(done, timeout)
     except asyncio.TimeoutError:

@@ -22,7 +22,7 @@ from orchard.env.settings import Settings
 
 log = logging.getLogger("orchard.env")
 LONG_COMMAND = 64 * 1024
-RESTARTED = "The service restarted while this job was {}; its result was lost"
+RESTARTED = "The service restarted before this job finished; its result was lost"
 
 
 def argv_of(command: str | list[str], login_shell: bool) -> list[str]:
@@ -85,8 +85,7 @@ class JobRunner:
             await self._finish(job)
 
     async def _execute(self, job: JobRecord, req: ExecRequest) -> None:
-        job.status, job.started_at = "running", time.time()
-        await self.store.put_job(job)
+        job.status, job.started_at = "running", time.time()     # served from memory until it ends
         self.metrics.jobs_running.inc()
         spec = ExecSpec(argv=await self._argv(job, req), cwd=req.cwd, env=req.env or {},
                         timeout=float(req.timeout_seconds or self.settings.exec_timeout),
@@ -133,7 +132,7 @@ class JobRunner:
     # ------------------------------------------------------------ read
     async def get(self, job_id: str, caller: Caller) -> JobRecord:
         """The caller's job, or 404."""
-        job = await self.store.get_job(job_id)
+        job = self._inflight.get(job_id) or await self.store.get_job(job_id)
         if job is None or not caller.may_see(job.owner):
             raise errors.NotFoundError(f"Job {job_id} not found")
         return job
@@ -152,7 +151,7 @@ class JobRunner:
         """After a restart: every job left queued or running is failed with a clear error."""
         jobs = await self.store.unfinished_jobs()
         for job in jobs:
-            job.error = RESTARTED.format("running" if job.status == "running" else "queued")
+            job.error = RESTARTED
             job.status, job.completed_at = "failed", time.time()
             await self.store.put_job(job)
         return len(jobs)

@@ -44,8 +44,10 @@ class SandboxManager:
             raise errors.ConflictError(f"Sandbox {spec.sandbox_id} already exists")
         self.live_count += 1
         self.metrics.sandboxes_live.set(self.live_count)
-        self._creating[spec.sandbox_id] = asyncio.create_task(self._start(record, spec))
-        return record
+        task = self._creating[spec.sandbox_id] = asyncio.create_task(self._start(record, spec))
+        # a fast start is answered as "ready" at once, which spares the client a /wait round trip
+        await asyncio.wait({task}, timeout=self.settings.create_reply_wait)
+        return await self.store.get_sandbox(spec.sandbox_id) or record
 
     def _spec(self, req: CreateSandboxRequest) -> SandboxSpec:
         s = self.settings
