@@ -22,6 +22,21 @@ from orchard.env import protocol as p
 log = logging.getLogger("orchard.client")
 
 
+def _remember_missing_sniffio() -> None:
+    """httpcore tries `import sniffio` on every async request; when it is absent each try rescans sys.path.
+
+    Recording the miss once (a None entry makes later imports fail at once) removes that cost.
+    """
+    import importlib.util
+    import sys
+
+    if "sniffio" not in sys.modules and importlib.util.find_spec("sniffio") is None:
+        sys.modules["sniffio"] = None  # type: ignore[assignment]
+
+
+_remember_missing_sniffio()
+
+
 # ---------------------------------------------------------------- the asyncio driver
 async def drive(flow: Flow[Any], http: httpx.AsyncClient, default_timeout: Optional[float]) -> Any:
     """Run a flow to its end: send each HttpRequest over ``http`` and sleep on each Sleep."""

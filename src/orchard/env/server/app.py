@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import uuid
 from contextlib import asynccontextmanager
@@ -36,6 +37,8 @@ def create_app(settings: Optional[Settings] = None, backend: Optional[Backend] =
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await core.start()
+        gc.freeze()                       # start-up objects never need collecting again
+        gc.set_threshold(20_000, 20, 20)  # fewer young-generation passes under request load
         try:
             yield
         finally:

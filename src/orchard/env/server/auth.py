@@ -33,6 +33,6 @@ def _known(key: str, keys: list[str]) -> bool:
     return found
 
 
-def caller(request: Request) -> Caller:
+async def caller(request: Request) -> Caller:
     """FastAPI dependency: the authenticated caller of an HTTP request."""
     return authenticate(request.app.state.core.settings, request.headers.get("x-api-key"))
