@@ -22,7 +22,7 @@ def _serve(args: argparse.Namespace) -> int:
     _raise_fd_limit()
     app = create_app(settings)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
-                loop="uvloop", http="httptools", ws="websockets", access_log=False, timeout_graceful_shutdown=10,
+                loop="uvloop", http="httptools", ws="websockets-sansio", access_log=False, timeout_graceful_shutdown=10,
                 timeout_keep_alive=75, server_header=False)
     return 0
 
