@@ -57,6 +57,7 @@ class CreateSandboxRequest(Request):
     cpu: Optional[str] = Field(None, description="CPU limit: '2', '0.5' or '500m'; server default when null.")
     memory: Optional[str] = Field(None, description="Memory limit: '512Mi', '2G' or bytes; server default when null.")
     timeout: Optional[int] = Field(None, gt=0, description="Readiness wait in seconds; server default when null.")
+    disk: Optional[str] = Field(None, description="ext: size limit of the writable layer, e.g. '20Gi'; server default when null.")
     model_endpoint: Optional[ModelEndpoint] = Field(None, description="ext: forward one loopback port to a host endpoint.")
     ttl_seconds: Optional[int] = Field(None, gt=0, description="ext: lifetime in seconds (capped by the server's maximum).")
 

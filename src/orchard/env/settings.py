@@ -32,6 +32,9 @@ class Settings(BaseSettings):
 
     default_cpu: str = Field("1", description="CPU limit when a create request gives none.")
     default_memory: str = Field("2Gi", description="Memory limit when a create request gives none.")
+    default_disk: str = Field("10Gi", description="Size of a sandbox's writable layer when a create request gives none.")
+    writable_layer: Literal["tmpfs", "disk"] = Field(
+        "tmpfs", description="tmpfs: size-limited, charged to the sandbox's memory; disk: unlimited, under the state dir.")
     default_pids: int = Field(1024, gt=0, description="Process limit of every sandbox.")
     ready_timeout: int = Field(600, gt=0, description="Readiness wait (s) when a create request gives none.")
     create_reply_wait: float = Field(1.0, ge=0, description="How long POST /sandboxes waits for readiness before answering 'pending'.")

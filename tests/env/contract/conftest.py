@@ -47,7 +47,7 @@ def service_env(model_port: int) -> dict[str, str]:
             "ORCHARD_MAX_FILE_BYTES": str(4 * 2**20), "ORCHARD_OUTPUT_LIMIT": str(2**20),
             "ORCHARD_MAX_BODY_BYTES": str(16 * 2**20),
             "ORCHARD_FORWARD_ALLOWLIST": f"127.0.0.1:{model_port}", "ORCHARD_RECONCILE_INTERVAL": "1",
-            "ORCHARD_DEFAULT_MEMORY": "512Mi", "ORCHARD_DEFAULT_PIDS": "256"}
+            "ORCHARD_DEFAULT_MEMORY": "512Mi", "ORCHARD_DEFAULT_DISK": "256Mi", "ORCHARD_DEFAULT_PIDS": "256"}
 
 
 @pytest.fixture(scope="session")

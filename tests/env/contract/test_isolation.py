@@ -68,3 +68,12 @@ def test_model_endpoint_outside_allowlist_is_refused(http):
     r = http.post("/sandboxes", json={"image": IMAGE, "model_endpoint": {"port": 8000, "target": "127.0.0.1:22"}})
     assert r.status_code == 422 and "allowlist" in r.json()["detail"]
 
+
+
+def test_disk_filler_is_contained(client, http):
+    with client.create_sandbox(IMAGE) as sb:
+        r = sb.exec("dd if=/dev/zero of=/workspace/fill bs=1M count=400 2>&1; echo rc=$?", timeout=120)
+        assert "No space left" in r.stdout and "rc=0" not in r.stdout
+        sb.exec("rm -f /workspace/fill")
+        assert sb.exec("echo ok > /workspace/small && cat /workspace/small").stdout == "ok\n"
+    assert http.get("/health").status_code == 200

@@ -28,9 +28,11 @@ from orchard.env.backends.cgroups import Cgroups
 from orchard.env.backends.local_forward import Forwarder, listen_in_netns
 from orchard.env.backends.local_fs import SandboxFS
 from orchard.env.backends.local_helper import helper_path
+from orchard.env.backends.local_layer import drop_layer, make_layer
 from orchard.env.backends.local_images import Image, ImageStore
 from orchard.env.backends.local_proc import Child, PtyHandle, readable, read_status, run_helper
 from orchard.env.protocol import FileEntry
+from orchard.env.quantities import parse_memory
 from orchard.env.settings import Settings
 
 log = logging.getLogger("orchard.env")
@@ -73,6 +75,7 @@ class LocalBackend:
         self._forwarders: dict[str, Forwarder] = {}
         self._deleting: set[str] = set()
         self._on_exit: Optional[ExitCallback] = None
+        self.settings_disk = parse_memory(settings.default_disk)
 
     # ------------------------------------------------------------ service lifetime
     async def start(self, on_exit: ExitCallback) -> None:
@@ -99,7 +102,8 @@ class LocalBackend:
         home = self.root / spec.sandbox_id
         if home.exists():
             raise errors.ConflictError(f"Sandbox {spec.sandbox_id} already exists on this host")
-        overlays = await asyncio.to_thread(_layout, home, image)
+        size = spec.disk or self.settings_disk
+        overlays = await asyncio.to_thread(_layout, home, image, size, self.settings.writable_layer == "tmpfs")
         procs = self._cgroup(spec)
         pid = await self._spawn(spec, image, home, overlays, procs)
         meta = Meta(sandbox_id=spec.sandbox_id, pid=pid, start_time=_start_time(pid), image=spec.image,
@@ -204,6 +208,7 @@ class LocalBackend:
         meta = self._live.pop(sandbox_id, None) or _read_meta(home)
         if meta is not None and _alive(meta):
             await _kill_and_wait(meta.pid)      # pid 1 of the sandbox: the kernel takes every process with it
+        drop_layer(home / "layer")              # frees the writable layer before its memory cgroup goes
         if self.cgroups.available:
             self.cgroups.remove(sandbox_id)     # now empty: a few rmdirs
         await asyncio.to_thread(shutil.rmtree, home, True)
@@ -276,7 +281,7 @@ class LocalBackend:
         meta = self._meta(sandbox_id)
         base = await asyncio.to_thread(self.images_store.resolve, meta.image)
         home = self.root / sandbox_id
-        uppers = {mp: str(home / "upper" / _escape(mp)) for mp in meta.mounts}
+        uppers = {mp: str(home / "layer" / "upper" / _escape(mp)) for mp in meta.mounts}
         if self.cgroups.available:
             await asyncio.to_thread(self.cgroups.freeze, sandbox_id)
         try:
@@ -315,13 +320,15 @@ def _escape(mount_point: str) -> str:
     return "root" if mount_point == "/" else mount_point.strip("/").replace("/", "_")
 
 
-def _layout(home: Path, image: Image) -> list[str]:
-    """Make the writable layers and return the helper's --overlay arguments (root first)."""
+def _layout(home: Path, image: Image, size: Optional[int], tmpfs: bool) -> list[str]:
+    """Make the writable layer and return the helper's --overlay arguments (root first)."""
     rootfs = home / "rootfs"
     rootfs.mkdir(parents=True)
+    layer = home / "layer"
+    make_layer(layer, size, tmpfs)
     args: list[str] = []
     for mount_point in sorted(image.layers, key=lambda mp: (mp != "/", mp)):
-        upper, work = home / "upper" / _escape(mount_point), home / "work" / _escape(mount_point)
+        upper, work = layer / "upper" / _escape(mount_point), layer / "work" / _escape(mount_point)
         upper.mkdir(parents=True)
         work.mkdir(parents=True)
         target = rootfs if mount_point == "/" else rootfs / mount_point.lstrip("/")

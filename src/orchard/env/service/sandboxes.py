@@ -54,6 +54,7 @@ class SandboxManager:
         try:
             cpu = parse_cpu(req.cpu or s.default_cpu)
             memory = parse_memory(req.memory or s.default_memory)
+            disk = parse_memory(req.disk or s.default_disk)
         except ValueError as e:
             raise errors.RequestError(str(e), status_code=422) from e
         endpoint = None
@@ -67,7 +68,7 @@ class SandboxManager:
             endpoint = (req.model_endpoint.port, target[0], target[1])
         sid = req.sandbox_id or uuid.uuid4().hex[:12]
         return SandboxSpec(sandbox_id=sid, image=req.image, block_network=req.block_network, cpu=cpu,
-                           memory=memory, pids=s.default_pids, model_endpoint=endpoint, created_at=time.time())
+                           memory=memory, pids=s.default_pids, disk=disk, model_endpoint=endpoint, created_at=time.time())
 
     def _admit(self) -> None:
         if self.live_count >= self.settings.max_sandboxes:
