@@ -272,6 +272,14 @@ class Cgroups:
         self._require()
         self._set_frozen(self._dirs(sandbox_id)[-1], False)
 
+    def release(self) -> None:
+        """Remove this service's parent groups if no sandbox is left in them (on shutdown)."""
+        for base in self._bases() if self.available else []:
+            try:
+                os.rmdir(base)
+            except OSError:
+                pass            # sandboxes still live there: they keep running after the service stops
+
     def memory_used(self, sandbox_id: str) -> Optional[int]:
         """Bytes charged to the sandbox now, or None when unknown."""
         if "memory" not in self._limit_bases:

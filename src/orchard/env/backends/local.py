@@ -95,6 +95,7 @@ class LocalBackend:
         for fwd in self._forwarders.values():
             await fwd.close()
         self._forwarders.clear()
+        self.cgroups.release()
 
     # ------------------------------------------------------------ create
     async def create(self, spec: SandboxSpec) -> None:

@@ -27,6 +27,7 @@ class SandboxRecord(BaseModel):
     created_at: float
     ready_at: Optional[float] = None
     expires_at: float
+    ttl_seconds: int = 7200          # how far a heartbeat pushes expires_at
     last_heartbeat: Optional[float] = None
     model_endpoint: Optional[tuple[int, str]] = None   # (sandbox port, "host:port")
 

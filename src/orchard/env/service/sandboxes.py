@@ -86,7 +86,7 @@ class SandboxManager:
             sandbox_id=spec.sandbox_id, owner=caller.owner, namespace=s.namespace, image=req.image,
             block_network=req.block_network, cpu=req.cpu or s.default_cpu, memory=req.memory or s.default_memory,
             timeout=req.timeout or s.ready_timeout, created_at=spec.created_at,
-            expires_at=spec.created_at + ttl, model_endpoint=endpoint)
+            expires_at=spec.created_at + ttl, ttl_seconds=ttl, model_endpoint=endpoint)
 
     async def _start(self, record: SandboxRecord, spec: SandboxSpec) -> None:
         sid = spec.sandbox_id
@@ -163,7 +163,7 @@ class SandboxManager:
         record.last_heartbeat = now
         if self.settings.heartbeat_extends_ttl:
             cap = record.created_at + self.settings.max_ttl_seconds
-            record.expires_at = min(max(record.expires_at, now + self.settings.ttl_seconds), cap)
+            record.expires_at = min(max(record.expires_at, now + record.ttl_seconds), cap)
         await self.store.put_sandbox(record)
         return record
 
