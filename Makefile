@@ -2,7 +2,7 @@
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
-APT_PKGS := bubblewrap gcc libc6-dev git iproute2 util-linux
+APT_PKGS := bubblewrap gcc libc6-dev git iproute2 util-linux podman runc busybox-static
 
 .PHONY: install apt venv demo test test-slow bench clean
 

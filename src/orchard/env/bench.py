@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import statistics
-import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import Optional
 
@@ -16,6 +15,7 @@ import httpx
 
 from orchard.client.aio import AsyncSandboxClient
 from orchard.client.sync import SandboxClient
+from orchard.env.podman import ensure_busybox_image, podman
 from orchard.env.runner import ServiceProcess
 
 
@@ -94,24 +94,56 @@ def idle_memory(url: str, key: Optional[str], image: str, count: int = 50) -> di
     return {"idle_sandboxes": count, "idle_sandbox_mib": round(mean / 2**20, 2) if mean else None}
 
 
-def podman_baseline(samples: int, image: Optional[str]) -> dict:
-    """Sequential `podman exec c true` on this machine, when podman and a local image exist."""
-    if shutil.which("podman") is None:
-        return {"skipped": "podman is not installed"}
-    image = image or "orchard-bench-base"
-    run = subprocess.run(["podman", "run", "-d", "--rm", image, "sleep", "600"], capture_output=True, text=True)
+def podman_baseline(samples: int, containers: int, execs: int) -> dict:
+    """The same shapes through the podman CLI on this machine: sequential `podman exec true`, then
+    `containers` × (run, M execs, rm) with 8 at once."""
+    image = ensure_busybox_image()
+    if image is None:
+        return {"skipped": "podman (or busybox to build a local image) is not installed"}
+    run = podman("run", "-d", "--rm", "--network", "none", image, "sleep", "3600")
     if run.returncode != 0:
         return {"skipped": f"podman run failed: {run.stderr.strip()[-300:]}"}
     cid = run.stdout.strip()
     try:
-        rtt = []
-        for _ in range(samples):
-            t = time.perf_counter()
-            subprocess.run(["podman", "exec", cid, "true"], check=True, capture_output=True)
-            rtt.append(time.perf_counter() - t)
-        return {"podman_exec_true_ms": percentiles(rtt)}
+        rtt = [_timed(lambda: podman("exec", cid, "true")) for _ in range(samples)]
     finally:
-        subprocess.run(["podman", "rm", "-f", "-t", "0", cid], capture_output=True)
+        podman("rm", "-f", "-t", "0", cid)
+    stats: dict = {"create": [], "exec": [], "delete": [], "failures": []}
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: _podman_one(image, execs, stats), range(containers)))
+    wall = time.perf_counter() - t0
+    return {"image": image, "podman_exec_true_ms": percentiles(rtt), "containers": containers,
+            "wall_s": round(wall, 2), "commands_per_s": round(containers * execs / wall, 1),
+            "create_ms": percentiles(stats["create"]), "exec_ms": percentiles(stats["exec"]),
+            "delete_ms": percentiles(stats["delete"]), "failures": len(stats["failures"])}
+
+
+def _timed(call) -> float:
+    t = time.perf_counter()
+    call()
+    return time.perf_counter() - t
+
+
+def _podman_one(image: str, execs: int, stats: dict) -> None:
+    t = time.perf_counter()
+    run = podman("run", "-d", "--network", "none", image, "sleep", "3600")
+    stats["create"].append(time.perf_counter() - t)
+    if run.returncode != 0:
+        stats["failures"].append(run.stderr[-200:])
+        return
+    cid = run.stdout.strip()
+    for i in range(execs):
+        t = time.perf_counter()
+        done = podman("exec", cid, "sh", "-c", f"echo {i}")
+        stats["exec"].append(time.perf_counter() - t)
+        if done.stdout.strip() != str(i):
+            stats["failures"].append(done.stderr[-200:])
+    stats["delete"].append(_timed(lambda: podman("rm", "-f", "-t", "0", cid)))
+
+
+def _ratio(a: float, b: float) -> float:
+    return round(a / b, 1) if b else 0.0
 
 
 def main(args: argparse.Namespace) -> int:
@@ -129,9 +161,15 @@ def main(args: argparse.Namespace) -> int:
         if service is not None:
             report["service_peak_rss_mib"] = round(service.peak_rss() / 2**20, 1)
         if not args.no_baseline:
-            report["baseline"] = podman_baseline(min(args.latency_samples, 50), None)
-            base = report["baseline"].get("podman_exec_true_ms", {}).get("p50")
-            if base:
-                report["baseline"]["ratio_p50"] = round(base / max(report["exec_true_ms"]["p50"], 1e-6), 1)
+            report["baseline"] = base = podman_baseline(min(args.latency_samples, 50), min(args.sandboxes, 50),
+                                                        args.execs_per_sandbox)
+            if "podman_exec_true_ms" in base:
+                report["ratios"] = {
+                    "exec_true_p50_podman_over_orchard": _ratio(base["podman_exec_true_ms"]["p50"],
+                                                                report["exec_true_ms"]["p50"]),
+                    "commands_per_s_orchard_over_podman": _ratio(report["workload"]["commands_per_s"],
+                                                                 base["commands_per_s"]),
+                    "create_p50_podman_over_orchard": _ratio(base["create_ms"]["p50"],
+                                                             report["create_ready_ms"]["p50"])}
     print(json.dumps(report, indent=None if args.json else 2))
     return 1 if report["workload"]["failures"] else 0

@@ -53,3 +53,15 @@ def test_snapshot_name_is_validated(http, sandbox):
 def test_image_host_default(client):
     with client.create_sandbox(IMAGE) as sb:
         assert sb.exec("test -x /usr/bin/bash && echo ok").stdout == "ok\n"
+
+
+def test_oci_image_from_local_podman_storage(client):
+    from orchard.env.podman import ensure_busybox_image
+    import pytest
+
+    image = ensure_busybox_image()
+    if image is None:
+        pytest.skip("podman or busybox is not installed")
+    with client.create_sandbox(image) as sb:
+        r = sb.exec("pwd; echo hi > f; cat f; test -e /bin/busybox && echo busybox")
+        assert r.stdout == "/work\nhi\nbusybox\n", r

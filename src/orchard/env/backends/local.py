@@ -53,6 +53,7 @@ class Meta:
     created_at: float
     mounts: list[str] = field(default_factory=list)   # overlay mount points, for snapshots
     cgroup_procs: list[str] = field(default_factory=list)
+    has_bash: bool = True         # images without bash run shell commands under sh
 
 
 class LocalBackend:
@@ -109,7 +110,7 @@ class LocalBackend:
         pid = await self._spawn(spec, image, home, overlays, procs)
         meta = Meta(sandbox_id=spec.sandbox_id, pid=pid, start_time=_start_time(pid), image=spec.image,
                     workdir=image.workdir, env={**DEFAULT_ENV, **image.env}, created_at=spec.created_at,
-                    mounts=list(image.layers), cgroup_procs=procs)
+                    mounts=list(image.layers), cgroup_procs=procs, has_bash=_has_bash(pid))
         _write_meta(home, meta)
         self._track(meta)
         await self._forward(spec)
@@ -250,6 +251,8 @@ class LocalBackend:
                 self.cgroups.remove_job(sandbox_id, job)
 
     def _enter(self, meta: Meta, cwd: Optional[str], procs: list[str], argv: list[str]) -> list[str]:
+        if argv[0] == "bash" and not meta.has_bash:
+            argv = ["sh"] + ["-l" if arg == "--login" else arg for arg in argv[1:]]
         return [self.helper, "enter", str(meta.pid), cwd or meta.workdir, *_flags("--cgroup", procs), "--", *argv]
 
     async def _kill_job(self, sandbox_id: str, job: str) -> None:
@@ -349,6 +352,11 @@ async def _child_pid(proc: Child, info: bytes, err_fd: int) -> int:
     stderr = await read_status(err_fd, 1.0)
     message = stderr.decode("utf-8", "replace").strip() or f"exit code {proc.returncode}"
     raise errors.SandboxFailedError(f"Sandbox failed to start: {message}")
+
+
+def _has_bash(pid: int) -> bool:
+    fs = SandboxFS(f"/proc/{pid}/root")
+    return any(fs.stat_kind(path) == "file" for path in ("/bin/bash", "/usr/bin/bash"))
 
 
 def _start_time(pid: int) -> str:

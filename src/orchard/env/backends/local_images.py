@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
+from orchard.env.podman import podman_env
 from orchard.errors import BackendError, NotFoundError, RequestError
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -268,7 +269,8 @@ class ImageStore:
     # ------------------------------------------------------------ OCI (podman)
     def _run_podman(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
         try:
-            return subprocess.run([str(self.podman), *args], capture_output=True, text=True, timeout=timeout)
+            return subprocess.run([str(self.podman), *args], capture_output=True, text=True, timeout=timeout,
+                                  env=podman_env())
         except subprocess.TimeoutExpired as e:
             raise BackendError(f"podman {args[0]} {args[1] if len(args) > 1 else ''} timed out "
                                f"after {timeout:.0f}s") from e
