@@ -106,6 +106,7 @@ class ImageStore:
         self._snapshots = self._images / "snapshots"
         self._host_lock = threading.Lock()
         self._oci_mounts: dict[str, str] = {}
+        self._etc_cache: dict[str, tuple[float, str]] = {}
 
     # ------------------------------------------------------------ names
     def resolve(self, name: str) -> Image:
@@ -225,7 +226,16 @@ class ImageStore:
 
     # ------------------------------------------------------------ filtered /etc
     def _etc_signature(self, etc: str) -> str:
-        """Cheap change detector: /etc's and its direct entries' mtimes and sizes."""
+        """Cheap change detector: /etc's and its direct entries' mtimes and sizes (re-read at most once a second)."""
+        now = time.monotonic()
+        cached = self._etc_cache.get(etc)
+        if cached and now - cached[0] < 1.0:
+            return cached[1]
+        signature = self._read_etc_signature(etc)
+        self._etc_cache[etc] = (now, signature)
+        return signature
+
+    def _read_etc_signature(self, etc: str) -> str:
         digest = hashlib.sha256()
         st = os.stat(etc)
         digest.update(f"{st.st_mtime_ns}".encode())
