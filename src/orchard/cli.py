@@ -41,6 +41,21 @@ def _bench(args: argparse.Namespace) -> int:
     return bench_main(args)
 
 
+def _stress(args: argparse.Namespace) -> int:
+    from orchard.env.stress import main as stress_main
+    return stress_main(args)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from orchard.env.doctor import main as doctor_main
+    return doctor_main(args)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from orchard.env.report import main as report_main
+    return report_main(args)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from orchard.env.demo import main as demo_main
     return demo_main(args)
@@ -73,6 +88,22 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-baseline", action="store_true", help="skip the podman exec baseline")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.set_defaults(func=_bench)
+
+    from orchard.env.stress import add_arguments as stress_arguments
+    stress = env.add_parser("stress", help="burst, soak, ramp and fault runs with figures")
+    stress_arguments(stress)
+    stress.set_defaults(func=_stress)
+
+    doctor = env.add_parser("doctor", help="list what the backend left behind that no record owns")
+    doctor.add_argument("--state-dir", help="the service's state dir (default: ORCHARD_STATE_DIR)")
+    doctor.add_argument("--fix", action="store_true", help="remove what was found")
+    doctor.set_defaults(func=_doctor)
+
+    report = env.add_parser("report", help="run stress, faults and attacks; write a Markdown report")
+    report.add_argument("--output", default="docs/env-report.md")
+    report.add_argument("--sandboxes", type=int, default=1000)
+    report.add_argument("--duration", type=float, default=60.0, help="soak length")
+    report.set_defaults(func=_report)
 
     demo = env.add_parser("demo", help="start the service, run commands in a sandbox, clean up")
     demo.add_argument("--image", default="host")

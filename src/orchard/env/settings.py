@@ -46,7 +46,8 @@ class Settings(BaseSettings):
     reconcile_interval: float = Field(30.0, gt=0, description="Seconds between lifecycle passes.")
     reconcile_min_age: float = Field(120.0, ge=0, description="Unowned sandboxes younger than this are left alone.")
     max_sandboxes: int = Field(4096, gt=0, description="Live sandboxes allowed at once; more get 503.")
-    max_pending_creates: int = Field(256, gt=0, description="Creates in flight; more get 503.")
+    max_pending_creates: int = Field(2048, gt=0, description="Creates queued or starting; more get 503.")
+    create_concurrency: int = Field(16, gt=0, description="Sandboxes the backend starts at once; the rest queue.")
 
     exec_timeout: int = Field(300, gt=0, description="Default exec timeout_seconds.")
     exec_wait_max: float = Field(60.0, gt=0, description="Longest server-side wait of exec wait=true and /jobs/{id}/wait.")

@@ -28,7 +28,7 @@ from orchard.env.backends.cgroups import Cgroups
 from orchard.env.backends.local_forward import Forwarder, listen_in_netns
 from orchard.env.backends.local_fs import SandboxFS
 from orchard.env.backends.local_helper import helper_path
-from orchard.env.backends.local_layer import drop_layer, make_layer
+from orchard.env.backends.local_layer import drop_layer, make_layer, mounted_layers
 from orchard.env.backends.local_images import Image, ImageStore
 from orchard.env.backends.local_proc import Child, PtyHandle, readable, read_status, run_helper
 from orchard.env.protocol import FileEntry
@@ -228,6 +228,20 @@ class LocalBackend:
         for sid in (self.cgroups.list() if self.cgroups.available else []):
             found.setdefault(sid, LiveSandbox(sid, 0.0, alive=False))
         return list(found.values())
+
+    def inventory(self) -> dict[str, set[str]]:
+        """Everything this backend holds on the host, by sandbox id: dir, process, mount, cgroup."""
+        found: dict[str, set[str]] = {}
+        for home in self.root.iterdir() if self.root.is_dir() else []:
+            kinds = found.setdefault(home.name, {"dir"})
+            meta = _read_meta(home)
+            if meta is not None and _alive(meta):
+                kinds.add("process")
+        for layer in mounted_layers(self.root):
+            found.setdefault(layer.parent.name, set()).add("mount")
+        for sid in self.cgroups.list() if self.cgroups.available else []:
+            found.setdefault(sid, set()).add("cgroup")
+        return found
 
     # ------------------------------------------------------------ exec
     def _meta(self, sandbox_id: str) -> Meta:

@@ -31,6 +31,7 @@ class SandboxManager:
         self.waiters = Waiters()
         self._creating: dict[str, asyncio.Task] = {}
         self._deleting: dict[str, asyncio.Task] = {}
+        self._start_gate = asyncio.Semaphore(settings.create_concurrency)
         self.live_count = 0
         self.on_gone: list = []          # callbacks(sandbox_id, message) when a sandbox stops being usable
 
@@ -91,7 +92,7 @@ class SandboxManager:
     async def _start(self, record: SandboxRecord, spec: SandboxSpec) -> None:
         sid = spec.sandbox_id
         try:
-            await asyncio.wait_for(self.backend.create(spec), record.timeout)
+            await asyncio.wait_for(self._gated_create(spec), record.timeout)
             status, message = "ready", None
         except asyncio.TimeoutError:
             status, message = "failed", f"Sandbox did not start within {record.timeout}s"
@@ -103,6 +104,12 @@ class SandboxManager:
         finally:
             self._creating.pop(sid, None)
         await self._settle(record, spec, status, message)
+
+    async def _gated_create(self, spec: SandboxSpec) -> None:
+        async with self._start_gate:
+            if spec.sandbox_id in self._deleting:      # deleted while it queued: never start it
+                raise errors.SandboxFailedError("Sandbox was deleted before it started")
+            await self.backend.create(spec)
 
     async def _settle(self, record: SandboxRecord, spec: SandboxSpec, status: str, message: Optional[str]) -> None:
         self.metrics.sandboxes_created.labels(status).inc()
