@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import random
 import time
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack
 from typing import Any, Optional
 
@@ -18,33 +20,42 @@ from orchard.env.runner import ServiceProcess
 
 
 class HealthProbe:
-    """Pings /health every `interval` on its own connection and keeps the latencies."""
+    """Pings /health every `interval` from a process of its own, so client load never skews the figure."""
 
     def __init__(self, url: str, interval: float = 0.05):
-        self.url, self.interval, self.samples, self.errors = url, interval, [], 0
-        self._task: Optional[asyncio.Task] = None
+        self.url, self.interval = url, interval
+        self._stop = multiprocessing.get_context("fork").Event()
+        self._recv, send = multiprocessing.get_context("fork").Pipe(duplex=False)
+        self._proc = multiprocessing.get_context("fork").Process(
+            target=_probe, args=(url, interval, self._stop, send), daemon=True)
+        self.samples: list[float] = []
+        self.errors = 0
 
     async def __aenter__(self) -> "HealthProbe":
-        self._task = asyncio.create_task(self._run())
+        self._proc.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _run(self) -> None:
-        async with httpx.AsyncClient(base_url=self.url, timeout=10) as http:
-            while True:
-                t = time.perf_counter()
-                try:
-                    (await http.get("/health")).raise_for_status()
-                    self.samples.append(time.perf_counter() - t)
-                except httpx.HTTPError:
-                    self.errors += 1
-                await asyncio.sleep(self.interval)
+        self._stop.set()
+        self.samples, self.errors = await asyncio.to_thread(self._recv.recv)
+        self._proc.join(10)
 
     def summary(self) -> dict:
         return {"health_ms": percentiles(self.samples), "health_errors": self.errors}
+
+
+def _probe(url: str, interval: float, stop, send) -> None:
+    samples, failures = [], 0
+    with httpx.Client(base_url=url, timeout=10) as http:
+        while not stop.is_set():
+            t = time.perf_counter()
+            try:
+                http.get("/health").raise_for_status()
+                samples.append(time.perf_counter() - t)
+            except httpx.HTTPError:
+                failures += 1
+            time.sleep(interval)
+    send.send((samples, failures))
 
 
 # ---------------------------------------------------------------- burst
@@ -62,16 +73,32 @@ async def _lifecycle(client: AsyncSandboxClient, image: str, execs: int, stats: 
         stats["failures"].append(f"{type(e).__name__}: {e}")
 
 
-async def burst(url: str, key: Optional[str], image: str, sandboxes: int, execs: int) -> dict:
-    """All sandboxes at once: create, `execs` commands each, delete."""
+async def _burst_part(url: str, key: Optional[str], image: str, sandboxes: int, execs: int) -> dict:
     stats: dict = {"sandboxes": 0, "commands": 0, "failures": []}
-    async with HealthProbe(url) as probe, AsyncSandboxClient(base_url=url, api_key=key, timeout=900) as client:
-        t0 = time.perf_counter()
+    async with AsyncSandboxClient(base_url=url, api_key=key, timeout=900) as client:
         await asyncio.gather(*(_lifecycle(client, image, execs, stats) for _ in range(sandboxes)))
+    return stats
+
+
+def _burst_worker(url: str, key: Optional[str], image: str, sandboxes: int, execs: int) -> dict:
+    return asyncio.run(_burst_part(url, key, image, sandboxes, execs))
+
+
+async def burst(url: str, key: Optional[str], image: str, sandboxes: int, execs: int, workers: int = 8) -> dict:
+    """All sandboxes at once (split over `workers` client processes): create, `execs` commands each, delete."""
+    shares = [sandboxes // workers + (1 if i < sandboxes % workers else 0) for i in range(workers)]
+    loop = asyncio.get_running_loop()
+    async with HealthProbe(url) as probe:
+        t0 = time.perf_counter()
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+            parts = await asyncio.gather(*(loop.run_in_executor(pool, _burst_worker, url, key, image, n, execs)
+                                           for n in shares if n))
         wall = time.perf_counter() - t0
-    return {"mode": "burst", "asked": sandboxes, "sandboxes_completed": stats["sandboxes"],
-            "commands": stats["commands"], "failures": len(stats["failures"]),
-            "failure_samples": stats["failures"][:5], "wall_s": round(wall, 2), **probe.summary()}
+    failures = [f for part in parts for f in part["failures"]]
+    return {"mode": "burst", "asked": sandboxes, "client_processes": workers,
+            "sandboxes_completed": sum(p["sandboxes"] for p in parts),
+            "commands": sum(p["commands"] for p in parts), "failures": len(failures),
+            "failure_samples": failures[:5], "wall_s": round(wall, 2), **probe.summary()}
 
 
 # ---------------------------------------------------------------- soak
