@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
 import random
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -17,6 +18,9 @@ import httpx
 from orchard.client.aio import AsyncSandboxClient
 from orchard.env.bench import percentiles
 from orchard.env.runner import ServiceProcess
+
+
+CLIENT_NICE = 10
 
 
 class HealthProbe:
@@ -81,6 +85,7 @@ async def _burst_part(url: str, key: Optional[str], image: str, sandboxes: int, 
 
 
 def _burst_worker(url: str, key: Optional[str], image: str, sandboxes: int, execs: int) -> dict:
+    os.nice(CLIENT_NICE)     # the load generator shares this machine: it must not starve the service it measures
     return asyncio.run(_burst_part(url, key, image, sandboxes, execs))
 
 

@@ -129,8 +129,8 @@ class LocalBackend:
         ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
         fds = {"{INFO}": str(info_w), "{HELPER}": str(helper_fd), "{READY}": str(ready_w)}
         try:
-            proc = Child([_fill(a, fds) for a in argv], {}, subprocess.DEVNULL, subprocess.DEVNULL, err_w,
-                         (info_w, helper_fd, ready_w), new_session=True)
+            proc = await Child.start([_fill(a, fds) for a in argv], {}, subprocess.DEVNULL, subprocess.DEVNULL,
+                                     err_w, (info_w, helper_fd, ready_w), new_session=True)
         finally:
             for fd in (info_w, helper_fd, err_w, ready_w):
                 os.close(fd)

@@ -27,6 +27,12 @@ class Child:
         self.pid = self.popen.pid
         self._pidfd = os.pidfd_open(self.pid)
 
+    @classmethod
+    async def start(cls, argv: list[str], env: dict[str, str], stdin: int, stdout: int, stderr: int,
+                    pass_fds: tuple[int, ...], new_session: bool = False) -> "Child":
+        """Spawn from a worker thread: fork/exec releases the GIL, so the event loop keeps serving meanwhile."""
+        return await asyncio.to_thread(cls, argv, env, stdin, stdout, stderr, pass_fds, new_session)
+
     @property
     def returncode(self) -> Optional[int]:
         return self.popen.returncode
@@ -132,7 +138,7 @@ async def run_helper(argv: list[str], env: dict[str, str], spec: ExecSpec, kill_
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     started = time.time()
     try:
-        proc = Child(_with_status_fd(argv, status_w), env, subprocess.DEVNULL, out_w, err_w, (status_w,))
+        proc = await Child.start(_with_status_fd(argv, status_w), env, subprocess.DEVNULL, out_w, err_w, (status_w,))
     except BaseException:
         for fd in (status_r, out_r, err_r):
             os.close(fd)
@@ -212,7 +218,7 @@ class PtyHandle:
         _set_size(master, rows, cols)
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
         try:
-            proc = Child(_with_status_fd(argv, status_w), env, slave, slave, slave, (status_w,))
+            proc = await Child.start(_with_status_fd(argv, status_w), env, slave, slave, slave, (status_w,))
         finally:
             os.close(slave)
             os.close(status_w)
