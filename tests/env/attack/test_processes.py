@@ -71,13 +71,13 @@ for pid in {targets!r} + [1]:
         try:
             p = "/proc/%d/%s" % (pid, f)
             data = open(p, "rb").read(4096) if not f.startswith(("cwd", "ns")) else os.listdir(p)
-            print("READ" if pid != 1 else "init-readable", p, repr(data)[:80])
+            print("LEAKED" if pid != 1 else "init-readable", p, repr(data)[:80])
         except OSError as e:
             print("refused", pid, f, e.errno)
 """
     r = run_py(sandbox, code)
     assert "refused" in r.stdout, r
-    assert "TRACED" not in r.stdout and "READ" not in r.stdout and token not in r.stdout, r.stdout
+    assert "TRACED" not in r.stdout and "LEAKED" not in r.stdout and token not in r.stdout, r.stdout
     # the sandbox's init keeps its capabilities; nothing can borrow them through it or enter its namespaces again
     r = sandbox.exec("nsenter -t 1 -a true 2>&1; echo rc=$?; gdb -p 1 -batch 2>&1 | tail -1; "
                      "cat /proc/1/environ 2>&1; echo; grep CapEff /proc/self/status")

@@ -106,7 +106,7 @@ class LocalBackend:
             raise errors.ConflictError(f"Sandbox {spec.sandbox_id} already exists on this host")
         size = spec.disk or self.settings_disk
         overlays = await asyncio.to_thread(_layout, home, image, size, self.settings.writable_layer == "tmpfs")
-        procs = self._cgroup(spec)
+        procs = await asyncio.to_thread(self._cgroup, spec)    # memory cgroup creation can sleep in the kernel
         pid = await self._spawn(spec, image, home, overlays, procs)
         meta = Meta(sandbox_id=spec.sandbox_id, pid=pid, start_time=_start_time(pid), image=spec.image,
                     workdir=image.workdir, env={**DEFAULT_ENV, **image.env}, created_at=spec.created_at,
@@ -210,10 +210,14 @@ class LocalBackend:
         meta = self._live.pop(sandbox_id, None) or _read_meta(home)
         if meta is not None and _alive(meta):
             await _kill_and_wait(meta.pid)      # pid 1 of the sandbox: the kernel takes every process with it
+        await asyncio.to_thread(self._release, sandbox_id, home)
+
+    def _release(self, sandbox_id: str, home: Path) -> None:
+        """Unmount, remove cgroups and files: kernel work that may sleep, so it runs off the event loop."""
         drop_layer(home / "layer")              # frees the writable layer before its memory cgroup goes
         if self.cgroups.available:
-            self.cgroups.remove(sandbox_id)     # now empty: a few rmdirs
-        await asyncio.to_thread(shutil.rmtree, home, True)
+            self.cgroups.remove(sandbox_id)
+        shutil.rmtree(home, True)
 
     async def list_live(self) -> Optional[list[LiveSandbox]]:
         try:

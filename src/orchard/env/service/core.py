@@ -34,16 +34,26 @@ class EnvCore:
         await self.backend.start(self._sandbox_exited)
         await self.lifecycle.recover()
         self.lifecycle.start()
+        self._lag_task = asyncio.create_task(self._watch_loop_lag())
 
     async def stop(self) -> None:
         """Stop background work; sandboxes keep running for the next start to adopt."""
         await self.lifecycle.stop()
+        self._lag_task.cancel()
         await asyncio.wait_for(self.sandboxes.drain(), 30)
         for task in list(self.jobs._tasks.values()):
             task.cancel()
         await self.jobs.drain()
         await self.backend.close()
         await self.store.close()
+
+    async def _watch_loop_lag(self, period: float = 0.05) -> None:
+        """A busy event loop answers everything late, /health included: measure how late."""
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            await asyncio.sleep(period)
+            self.metrics.loop_lag.observe(max(0.0, loop.time() - start - period))
 
     async def _sandbox_exited(self, sandbox_id: str, message: str) -> None:
         log.warning("sandbox %s exited: %s", sandbox_id, message)

@@ -21,6 +21,8 @@ class Metrics:
         self.jobs_queued = Gauge("orchard_jobs_queued", "Jobs waiting for a slot", registry=r)
         self.exec_seconds = Histogram("orchard_exec_seconds", "Exec duration", registry=r,
                                       buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 300))
+        self.loop_lag = Histogram("orchard_event_loop_lag_seconds", "How late a 50 ms timer fires", registry=r,
+                                  buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5))
         self.rejected = Counter("orchard_rejected", "Requests refused with 503", ["reason"], registry=r)
 
     def render(self) -> bytes:
