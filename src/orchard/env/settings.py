@@ -61,6 +61,8 @@ class Settings(BaseSettings):
 
     forward_allowlist: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Host endpoints 'host:port' that model_endpoint may name.")
+    network_bridge: Optional[str] = Field(None, description="Bridge of networked sandboxes (default: derived from the state dir).")
+    network_subnet: Optional[str] = Field(None, description="IPv4 /16 of networked sandboxes (default: 10.X.0.0/16 derived from the state dir).")
     cgroups_required: bool = Field(True, description="Fail sandbox creation when cgroup limits cannot be applied.")
 
     @field_validator("api_keys", "admin_keys", "forward_allowlist", mode="before")

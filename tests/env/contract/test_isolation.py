@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+
 from .conftest import IMAGE
 
 
@@ -77,3 +79,18 @@ def test_disk_filler_is_contained(client, http):
         sb.exec("rm -f /workspace/fill")
         assert sb.exec("echo ok > /workspace/small && cat /workspace/small").stdout == "ok\n"
     assert http.get("/health").status_code == 200
+
+
+def _host_addresses() -> list[str]:
+    out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+    return [line.split()[3].split("/")[0] for line in out.splitlines()]
+
+
+def test_networked_sandbox_cannot_reach_the_host(client, service):
+    port = service.url.rsplit(":", 1)[1]
+    with client.create_sandbox(IMAGE, block_network=False) as sb:
+        r = sb.exec("ip -4 -o addr show eth0 2>/dev/null || cat /proc/net/dev")
+        assert "eth0" in r.stdout
+        for host in _host_addresses():             # loopback, this machine's interfaces, the bridge gateway
+            code = f"import socket; socket.create_connection(('{host}', {port}), 1)"
+            assert sb.exec(["python3", "-c", code], timeout=20).exit_code != 0, host

@@ -28,6 +28,7 @@ from orchard.env.backends.cgroups import Cgroups
 from orchard.env.backends.local_forward import Forwarder, listen_in_netns
 from orchard.env.backends.local_fs import SandboxFS
 from orchard.env.backends.local_helper import helper_path
+from orchard.env.backends.local_net import SandboxNetwork
 from orchard.env.backends.local_layer import drop_layer, make_layer, mounted_layers
 from orchard.env.backends.local_images import Image, ImageStore
 from orchard.env.backends.local_proc import Child, PtyHandle, readable, read_status, run_helper
@@ -54,6 +55,7 @@ class Meta:
     mounts: list[str] = field(default_factory=list)   # overlay mount points, for snapshots
     cgroup_procs: list[str] = field(default_factory=list)
     has_bash: bool = True         # images without bash run shell commands under sh
+    ip: Optional[str] = None      # address on the sandbox bridge when networked
 
 
 class LocalBackend:
@@ -69,6 +71,9 @@ class LocalBackend:
         # one cgroup parent per state dir: two services on one host never touch each other's sandboxes
         tag = hashlib.sha256(str(Path(settings.state_dir).resolve()).encode()).hexdigest()[:8]
         self.cgroups = Cgroups(parent_name=f"orchard-{tag}")
+        self.net = SandboxNetwork(Path(settings.state_dir), bridge=settings.network_bridge or f"orch{tag}",
+                                  subnet=settings.network_subnet or f"10.{200 + int(tag, 16) % 50}.0.0/16")
+        self._net_ready = False
         self.helper = ""
         self.bwrap = shutil.which("bwrap") or "/usr/bin/bwrap"
         self._live: dict[str, Meta] = {}
@@ -108,12 +113,25 @@ class LocalBackend:
         overlays = await asyncio.to_thread(_layout, home, image, size, self.settings.writable_layer == "tmpfs")
         procs = await asyncio.to_thread(self._cgroup, spec)    # memory cgroup creation can sleep in the kernel
         pid = await self._spawn(spec, image, home, overlays, procs)
+        ip = None if spec.block_network else await self._connect(spec.sandbox_id, pid)
         meta = Meta(sandbox_id=spec.sandbox_id, pid=pid, start_time=_start_time(pid), image=spec.image,
                     workdir=image.workdir, env={**DEFAULT_ENV, **image.env}, created_at=spec.created_at,
-                    mounts=list(image.layers), cgroup_procs=procs, has_bash=_has_bash(pid))
+                    mounts=list(image.layers), cgroup_procs=procs, has_bash=_has_bash(pid), ip=ip)
         _write_meta(home, meta)
         self._track(meta)
         await self._forward(spec)
+
+    async def _connect(self, sandbox_id: str, pid: int) -> str:
+        """Give a networked sandbox its veth on the bridge (outbound NAT only; the host and peers unreachable)."""
+        if not self.net.available:
+            raise errors.SandboxFailedError(f"Networked sandboxes are unavailable here: {self.net.why}")
+        if not self._net_ready:
+            await asyncio.to_thread(self.net.setup)
+            self._net_ready = True
+        try:
+            return await asyncio.to_thread(self.net.attach, sandbox_id, pid)
+        except errors.OrchardError as e:
+            raise errors.SandboxFailedError(f"Network setup failed: {e.detail}") from e
 
     def _cgroup(self, spec: SandboxSpec) -> list[str]:
         if not self.cgroups.available:
@@ -143,11 +161,10 @@ class LocalBackend:
                 os.close(fd)
 
     def _bwrap_args(self, spec: SandboxSpec, image: Image, home: Path) -> list[str]:
-        args = [self.bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", spec.sandbox_id,
+        args = [self.bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+                "--hostname", spec.sandbox_id,
                 "--bind", str(home / "rootfs"), "/", "--proc", "/proc", "--dev", "/dev",
                 "--dir", image.workdir, "--chdir", "/", "--as-pid-1", "--info-fd", "{INFO}"]
-        if spec.block_network:
-            args.insert(1, "--unshare-net")
         return args + ["--", "/proc/self/fd/{HELPER}", "init", "{READY}"]
 
     def _track(self, meta: Meta) -> None:
@@ -214,6 +231,7 @@ class LocalBackend:
 
     def _release(self, sandbox_id: str, home: Path) -> None:
         """Unmount, remove cgroups and files: kernel work that may sleep, so it runs off the event loop."""
+        self.net.detach(sandbox_id)
         drop_layer(home / "layer")              # frees the writable layer before its memory cgroup goes
         if self.cgroups.available:
             self.cgroups.remove(sandbox_id)
@@ -245,6 +263,8 @@ class LocalBackend:
             found.setdefault(layer.parent.name, set()).add("mount")
         for sid in self.cgroups.list() if self.cgroups.available else []:
             found.setdefault(sid, set()).add("cgroup")
+        for sid in self.net.owners():
+            found.setdefault(sid, set()).add("network")
         return found
 
     # ------------------------------------------------------------ exec

@@ -131,7 +131,8 @@ class SandboxNetwork:
 
     def detach(self, sandbox_id: str) -> None:
         """Delete the sandbox's veth pair if still there and free its address; safe to repeat."""
-        _run(["ip", "link", "del", veth_name(sandbox_id)], check=False)
+        if os.path.exists(f"/sys/class/net/{veth_name(sandbox_id)}"):
+            _run(["ip", "link", "del", veth_name(sandbox_id)], check=False)
         ip = self._owned.pop(sandbox_id, None)
         owned = [ip] if ip else [ip for ip, owner in self._allocations().items() if owner == sandbox_id]
         for ip in owned:
@@ -196,6 +197,11 @@ class SandboxNetwork:
         found += [f"address {ip} of sandbox {sid or '?'} in {self.dir}"
                   for ip, sid in self._allocations().items() if sid not in known_ids]
         return found
+
+    def owners(self) -> set[str]:
+        """Sandbox ids that hold a bridge port or an address."""
+        ports = self._ports() if os.path.exists(f"/sys/class/net/{self.bridge}") else {}
+        return {sid for sid in [*ports.values(), *self._allocations().values()] if sid}
 
     def cleanup(self, known_ids: set[str]) -> list[str]:
         """Remove what leaks() reports; returns the descriptions of what was removed."""
