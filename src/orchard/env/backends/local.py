@@ -102,6 +102,8 @@ class LocalBackend:
             await fwd.close()
         self._forwarders.clear()
         self.cgroups.release()
+        if self._net_ready and not self.net.owners():   # no networked sandbox left: take the bridge down
+            await asyncio.to_thread(self.net.teardown)
 
     # ------------------------------------------------------------ create
     async def create(self, spec: SandboxSpec) -> None:
