@@ -153,8 +153,8 @@ def test_fork_bomb_is_contained_and_the_sandbox_recovers(client, http, bystander
     process (they are all in the job's tree), and the sandbox is usable again."""
     with client.create_sandbox(IMAGE) as sb:
         queued = http.post(f"/sandboxes/{sb.sandbox_id}/exec",
-                           json={"command": ":(){ :|:& };: ; sleep 60", "timeout_seconds": 6}).json()
-        time.sleep(1.5)                              # the bomb is at its limit now
+                           json={"command": ":(){ :|:& };: ; sleep 60", "timeout_seconds": 4}).json()
+        time.sleep(1.0)                              # the bomb is at its limit now
         t0 = time.monotonic()
         assert bystander.exec("echo fine").stdout == "fine\n"
         assert time.monotonic() - t0 < 10, "another tenant's exec stalled during a fork bomb"
@@ -194,7 +194,7 @@ def test_detached_fork_bomb_dies_with_its_sandbox(client, http, bystander, servi
 def test_cpu_and_memory_hogs_do_not_starve_other_sandboxes(client, http, bystander, service_ok):
     hog = """
 import os, time
-end = time.time() + 6
+end = time.time() + 4
 for _ in range(3):
     if os.fork() == 0:
         while time.time() < end:
