@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 APT_PKGS := bubblewrap gcc libc6-dev git iproute2 util-linux podman runc busybox-static
 
-.PHONY: install apt venv demo test test-slow bench clean
+.PHONY: install apt venv demo test test-slow bench stress report doctor clean
 
 install: apt venv
 
@@ -34,6 +34,15 @@ test-slow: install
 
 bench: install
 	$(BIN)/orchard env bench --sandboxes 1000 --execs-per-sandbox 4
+
+stress: install
+	$(BIN)/orchard env stress --mode all
+
+report: install
+	$(BIN)/orchard env report --output docs/env-report.md
+
+doctor: install
+	$(BIN)/orchard env doctor
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info
