@@ -15,13 +15,14 @@ from .conftest import IMAGE, KEY_A, KEY_B, b64
 
 JUNK_BODIES = [b"{bad", b"", b"null", b"[]", b'"text"', b"[" * 50000 + b"]" * 50000,
                b'{"a": ' * 5000 + b"1" + b"}" * 5000, b'{"command": "x", "command": 1}',
-               b'{"\\ud800": "lone surrogate"}', b"1" * 100000]
+               b"1" * 100000]
 # bodies whose 422 reply would echo an input JSON cannot carry: non-finite numbers, undecodable bytes
 UNENCODABLE = [(b"1e999", "application/json"), (b"NaN", "application/json"), (b"-Infinity", "application/json"),
                (b'{"image": NaN}', "application/json"), (b'{"command": "true", "timeout_seconds": Infinity}', "application/json"),
                (b'{"path": "/x", "content": "", "mode": 1e999}', "application/json"),
                (b'{"patch": "x", "timeout_seconds": NaN}', "application/json"),
-               (b"\xff\xfe\x00garbage", "text/plain"), (b"\xff\xfe\x00garbage", "application/octet-stream")]
+               (b"\xff\xfe\x00garbage", "text/plain"), (b"\xff\xfe\x00garbage", "application/octet-stream"),
+               (b'{"\\ud800": "lone surrogate"}', "application/json"), (b'{"image": 1, "x": "\\udfff"}', "application/json")]
 
 
 def _body_routes(sid: str) -> dict[str, list[dict]]:
@@ -149,7 +150,8 @@ def test_invalid_ids_on_every_route_are_404_or_422(sandbox, url, service_ok):
 @pytest.mark.xfail(strict=True, reason="BUG: a body that fails validation with an input JSON cannot carry is a 500, "
                    "because the 422 reply echoes the input: non-finite numbers (1e999, NaN, Infinity, which Python's "
                    "json accepts) make Starlette's JSONResponse raise 'Out of range float values', and a non-UTF-8 "
-                   "body sent as text/plain makes jsonable_encoder raise UnicodeDecodeError. Fix in server/app.py: "
+                   "body sent as text/plain makes jsonable_encoder raise UnicodeDecodeError, and a lone surrogate "
+                   "(\\ud800) cannot be encoded as UTF-8. Fix in server/app.py: "
                    "a RequestValidationError handler that makes the echoed input JSON-safe (or drops it).")
 def test_validation_errors_with_unencodable_input_are_4xx(sandbox, http, service_ok):
     sid = sandbox.sandbox_id
