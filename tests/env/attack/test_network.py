@@ -64,19 +64,23 @@ def host_listeners():
 
 
 PROBE = """
-import json, socket
+import json, socket, threading
 cfg = json.load(open("/tmp/probe.json"))
 reached = []
-for addr in cfg["addrs"]:
-    for port in cfg["tcp_ports"]:
-        try:
-            socket.create_connection((addr, port), timeout=1).close()
-            reached.append("tcp %s:%d" % (addr, port))
-        except OSError:
-            pass
+def tcp(addr, port):
     try:
-        u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        u.sendto(b"ping", (addr, cfg["udp_port"]))
+        socket.create_connection((addr, port), timeout=1).close()
+        reached.append("tcp %s:%d" % (addr, port))
+    except OSError:
+        pass
+threads = [threading.Thread(target=tcp, args=(a, p)) for a in cfg["addrs"] for p in cfg["tcp_ports"]]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+for addr in cfg["addrs"]:
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"ping", (addr, cfg["udp_port"]))
     except OSError:
         pass
 try:
@@ -120,3 +124,50 @@ def test_networked_sandbox_still_cannot_reach_host_listeners(client, service, mo
         interfaces, reached, contacts = probe_host(sb, service, model_server)
     service_ok()
     assert reached == [] and contacts == [], (reached, contacts)
+
+
+LISTEN = """
+import os, socket, sys
+s = socket.create_server(("0.0.0.0", 0))
+open("/tmp/port", "w").write(str(s.getsockname()[1]))
+if os.fork():
+    os._exit(0)
+os.setsid()
+for fd in (0, 1, 2):
+    os.close(fd)
+s.settimeout(60)
+while True:
+    try:
+        c, _ = s.accept()
+        c.sendall(b"PEER-REACHED")
+        c.close()
+    except OSError:
+        break
+"""
+
+
+def _eth0_address(sb) -> str:
+    r = sb.exec("ip -4 -o addr show eth0")
+    return r.stdout.split()[3].split("/")[0]
+
+
+@local_only
+def test_networked_sandboxes_cannot_reach_each_other(client, tenant_b, service_ok):
+    """Two networked sandboxes (of two tenants) sit on the same host bridge: neither reaches a listener
+    of the other, nor a blocked sandbox's loopback listener."""
+    connect = "import socket,sys; print(socket.create_connection((sys.argv[1], int(sys.argv[2])), 1).recv(64))"
+    with tenant_b.create_sandbox(IMAGE, block_network=False) as peer, \
+            client.create_sandbox(IMAGE, block_network=False) as attacker, client.create_sandbox(IMAGE) as blocked:
+        peer.upload_content(LISTEN, "/tmp/listen.py")
+        assert peer.exec(["python3", "/tmp/listen.py"]).exit_code == 0
+        port = peer.download_content("/tmp/port").decode()
+        ip = _eth0_address(peer)
+        own = peer.exec(["python3", "-c", connect, ip, port], timeout=20)
+        assert "PEER-REACHED" in own.stdout, own                   # the listener is up, seen from its own sandbox
+        gateway = attacker.exec("ip -4 route show default").stdout.split()[2]
+        for target in (ip, gateway):                                # the peer; the host's end of the bridge
+            r = attacker.exec(["python3", "-c", connect, target, port], timeout=20)
+            assert r.exit_code != 0 and "PEER-REACHED" not in r.stdout, (target, r)
+        r = blocked.exec(["python3", "-c", connect, ip, port], timeout=20)
+        assert r.exit_code != 0 and "PEER-REACHED" not in r.stdout, r
+    service_ok()

@@ -6,8 +6,8 @@ import base64
 import glob
 import os
 import secrets
-import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -24,6 +24,15 @@ def _cgroup_mount(controller: str) -> str:
             if fstype == "cgroup" and controller in opts.split(","):
                 return point
     pytest.skip(f"no cgroup v1 {controller} controller mounted on this host")
+
+
+@contextmanager
+def _then(check):
+    """Run ``check`` (the service still serves others) however the block ends."""
+    try:
+        yield
+    finally:
+        check()
 
 
 def _host_pid_of(argv: list[str], timeout: float = 10.0) -> int:
@@ -133,7 +142,7 @@ for i in range(0, len(block), 4096):
     block[i] = 1
 print("memory-hog-survived")
 """)
-    with client.create_sandbox(IMAGE, memory="64Mi") as sb:
+    with client.create_sandbox(IMAGE, memory="64Mi") as sb, _then(service_ok):
         r = run_py(sb, code, timeout=60)
         before = next(line for line in r.stdout.splitlines() if line.startswith("before"))
         paths = dict(part.split(":")[1:] for part in before.split(" ", 1)[1].split(";") if part.count(":") == 2)
@@ -145,7 +154,6 @@ print("memory-hog-survived")
         forked = [int(line.split()[1]) for line in r.stdout.splitlines() if line.startswith("forked")]
         assert forked and forked[0] < 256
         assert sb.exec("echo alive").stdout == "alive\n"
-    service_ok()
 
 
 def test_fork_bomb_is_contained_and_the_sandbox_recovers(client, http, bystander, service_ok):
@@ -200,14 +208,14 @@ for _ in range(3):
         while time.time() < end:
             pass
         os._exit(0)
+killed = 0
 while time.time() < end:              # keep getting OOM-killed children, as a leak would
     if os.fork() == 0:
-        try:
-            x = bytearray(256 * 2**20)
-        finally:
-            os._exit(0)
-    os.wait()
-print("hog-done")
+        x = bytearray(256 * 2**20)
+        os._exit(0)
+    _, status = os.wait()
+    killed += os.WIFSIGNALED(status) and os.WTERMSIG(status) == 9
+print("oom-killed", killed)
 """
     with client.create_sandbox(IMAGE, memory="64Mi") as sb:
         sb.upload_content(hog, "/tmp/hog.py")
@@ -222,7 +230,7 @@ print("hog-done")
             time.sleep(0.3)
         assert worst < 5, f"another tenant's exec took {worst:.1f}s while a hog ran"
         job = http.get(f"/jobs/{queued['job_id']}/wait", params={"timeout": 60}).json()
-        assert job["status"] in ("succeeded", "failed"), job
+        assert job["status"] == "succeeded" and int(job["stdout"].split()[-1]) >= 1, job     # each hog was killed
         assert sb.exec("echo survived-its-own-hog").stdout == "survived-its-own-hog\n"
     service_ok()
 
@@ -257,3 +265,25 @@ def test_disk_limit_spans_every_writable_path_and_the_file_api(client, http, ser
         assert sb.upload_content(b"z" * 2**20, "/workspace/ok.bin").size == 2**20
         assert sb.exec("echo ok > /tmp/ok && cat /tmp/ok").stdout == "ok\n"
     service_ok()
+
+
+@pytest.mark.xfail(strict=True, reason="WEAKNESS: files uploaded through the API bypass the sandbox's memory limit. "
+                   "The writable layer is a tmpfs whose pages are charged to the memory cgroup of the process that "
+                   "writes them; uploads are written by the service itself (backends/local_fs.py, in the service's "
+                   "cgroup), so a 64 MiB sandbox holds 100 MiB of host RAM and its memory cgroup shows under 1 MiB "
+                   "(with the defaults, 10 GiB of tmpfs per 2 GiB sandbox). Fix in backends/local_fs.py / local.py: "
+                   "do file writes from a process inside the sandbox's cgroups (e.g. through the helper), or size "
+                   "the layer within the memory limit.")
+def test_uploads_count_against_the_sandboxs_memory(client, service_ok):
+    try:
+        with client.create_sandbox(IMAGE, memory="64Mi") as sb:
+            accepted = 0
+            try:
+                for i in range(25):                  # 100 MiB, well inside the 256 MiB disk, over the 64 MiB memory
+                    sb.upload_content(b"x" * (4 * 2**20 - 64), f"/workspace/f{i}")
+                    accepted += 1
+            except PayloadTooLargeError:
+                pass
+            assert accepted * 4 < 64 + 8, f"{accepted * 4} MiB of uploads held by a 64 MiB sandbox"
+    finally:
+        service_ok()
