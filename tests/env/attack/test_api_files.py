@@ -81,13 +81,6 @@ def test_special_files_are_refused_not_read(sandbox, http, service_ok):
     service_ok()
 
 
-@pytest.mark.xfail(strict=True, reason="WEAKNESS: the file API reads the sandbox's /proc with the service's own "
-                   "privileges (host root, all capabilities): it returns real physical addresses from /proc/iomem "
-                   "and init's /proc/1/maps, which the sandbox itself may not read, and /proc/1/mem is a 500 "
-                   "(EIO unmapped). The same path would return /proc/kallsyms addresses with the default 256 MiB "
-                   "file limit and would drain the host kernel log through /proc/kmsg. Fix in backends/local_fs.py: "
-                   "refuse files on procfs/sysfs (fstatfs magic) or do file I/O from a helper that has dropped its "
-                   "capabilities inside the sandbox; map EIO to a 4xx in _error.")
 def test_file_api_lends_no_privilege_over_proc(sandbox, http, service_ok):
     sid = sandbox.sandbox_id
     try:

@@ -195,12 +195,6 @@ def test_host_hostname_cannot_be_changed(sandbox, bystander, service_ok):
     service_ok()
 
 
-@pytest.mark.xfail(strict=True, reason="WEAKNESS: /proc/sys is writable from sandboxes. Exec'd processes are host "
-                   "uid 0 (no user namespace) and bubblewrap only remounts /proc/sys read-only when access(W_OK) "
-                   "on the directory succeeds, which procfs always refuses; so global sysctls like "
-                   "kernel.core_pattern (a host-root code path) are writable without any capability. "
-                   "Fix in backends/local.py _bwrap_args (make /proc/sys, /proc/sysrq-trigger, /proc/sys/... read-only, "
-                   "e.g. --ro-bind /proc/sys /proc/sys after --proc) or run sandboxes in a user namespace.")
 def test_proc_sys_and_sysrq_are_read_only(sandbox, service_ok):
     """Opens each global sysctl for writing and closes it at once: a successful open proves the weakness
     without changing anything on the host (no byte is ever written)."""

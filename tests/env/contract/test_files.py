@@ -61,7 +61,10 @@ def test_planted_links_never_reach_host_files(sandbox, tmp_path):
         except (NotFoundError, RequestError):      # refused: as good as absent
             continue
         assert b"HOST SECRET" not in data, path
-    sandbox.upload_content("sandbox side", "/workspace/abs")
+    try:
+        sandbox.upload_content("sandbox side", "/workspace/abs")   # follows the link inside the sandbox, if at all
+    except NotFoundError:
+        pass
     assert secret.read_text() == "HOST SECRET"
 
 

@@ -31,12 +31,15 @@ from orchard.env.backends.local_helper import helper_path
 from orchard.env.backends.local_net import SandboxNetwork
 from orchard.env.backends.local_layer import drop_layer, make_layer, mounted_layers
 from orchard.env.backends.local_images import Image, ImageStore
-from orchard.env.backends.local_proc import Child, PtyHandle, readable, read_status, run_helper
+from orchard.env.backends.local_proc import Child, PtyHandle, readable, read_status, run_file_op, run_helper
 from orchard.env.protocol import FileEntry
 from orchard.env.quantities import parse_memory
 from orchard.env.settings import Settings
 
 log = logging.getLogger("orchard.env")
+# Kernel knobs under /proc are root-owned files, and sandbox commands run as uid 0: bind them read-only.
+PROC_READ_ONLY = [arg for path in ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+                  for arg in ("--ro-bind-try", path, path)]
 DEFAULT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
                "LANG": "C.UTF-8", "TERM": "xterm-256color", "USER": "root"}
 
@@ -75,6 +78,7 @@ class LocalBackend:
                                   subnet=settings.network_subnet or f"10.{200 + int(tag, 16) % 50}.0.0/16")
         self._net_ready = False
         self.helper = ""
+        self._helper_fd = -1
         self.bwrap = shutil.which("bwrap") or "/usr/bin/bwrap"
         self._live: dict[str, Meta] = {}
         self._watch: dict[str, int] = {}          # sandbox id -> pidfd of its init
@@ -88,6 +92,7 @@ class LocalBackend:
         self._on_exit = on_exit
         self.root.mkdir(parents=True, exist_ok=True)
         self.helper = str(await asyncio.to_thread(helper_path, Path(self.settings.state_dir)))
+        self._helper_fd = os.open(self.helper, os.O_RDONLY | os.O_CLOEXEC)   # run inside sandboxes for file I/O
         if not os.path.exists(self.bwrap):
             raise errors.BackendError("bubblewrap (bwrap) is not installed: apt install bubblewrap")
         if not self.cgroups.available and self.settings.cgroups_required:
@@ -165,7 +170,7 @@ class LocalBackend:
     def _bwrap_args(self, spec: SandboxSpec, image: Image, home: Path) -> list[str]:
         args = [self.bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
                 "--hostname", spec.sandbox_id,
-                "--bind", str(home / "rootfs"), "/", "--proc", "/proc", "--dev", "/dev",
+                "--bind", str(home / "rootfs"), "/", "--proc", "/proc", *PROC_READ_ONLY, "--dev", "/dev",
                 "--dir", image.workdir, "--chdir", "/", "--as-pid-1", "--info-fd", "{INFO}"]
         return args + ["--", "/proc/self/fd/{HELPER}", "init", "{READY}"]
 
@@ -312,10 +317,21 @@ class LocalBackend:
         return SandboxFS(f"/proc/{self._meta(sandbox_id).pid}/root")
 
     async def read_file(self, sandbox_id: str, path: str, limit: int) -> bytes:
-        return await asyncio.to_thread(self._fs(sandbox_id).read, path, limit)
+        code, out, err, status = await self._file_op(sandbox_id, ["get", path, str(limit)], None, limit)
+        if code == 0 and len(out) <= limit:
+            return out
+        raise _file_error(code, err, status, path, limit)
 
     async def write_file(self, sandbox_id: str, path: str, data: bytes, mode: Optional[int]) -> None:
-        await asyncio.to_thread(self._fs(sandbox_id).write, path, data, mode)
+        code, _, err, status = await self._file_op(sandbox_id, ["put", path, str(-1 if mode is None else mode)], data, 0)
+        if code != 0:
+            raise _file_error(code, err, status, path, len(data))
+
+    async def _file_op(self, sandbox_id: str, args: list[str], data: Optional[bytes], limit: int):
+        """Files move through the helper run *inside* the sandbox: its view, its user, its cgroups."""
+        meta = self._meta(sandbox_id)
+        argv = self._enter(meta, "/", meta.cgroup_procs, [f"/proc/self/fd/{self._helper_fd}", *args])
+        return await run_file_op(argv, self._env(meta, {}), data, limit, self._helper_fd)
 
     async def list_dir(self, sandbox_id: str, path: str) -> list[FileEntry]:
         return await asyncio.to_thread(self._fs(sandbox_id).list, path)
@@ -350,6 +366,19 @@ class LocalBackend:
 
 
 # ---------------------------------------------------------------- helpers
+def _file_error(code: Optional[int], err: str, status: dict[str, str], path: str, size: int) -> errors.OrchardError:
+    if status.get("err"):
+        return errors.BackendError(f"Could not reach {path} in the sandbox: {status['err']}")
+    message = err or f"{path}: file operation failed (exit {code})"
+    if code == 2:
+        return errors.NotFoundError(f"File not found: {path}")
+    if code == 3:
+        return errors.RequestError(message, status_code=400)
+    if code == 4:
+        return errors.PayloadTooLargeError(f"{message} (limit {size} bytes, or no space left in the sandbox)")
+    return errors.RequestError(message, status_code=400)
+
+
 def _fill(arg: str, fds: dict[str, str]) -> str:
     for placeholder, fd in fds.items():
         arg = arg.replace(placeholder, fd)

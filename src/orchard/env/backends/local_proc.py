@@ -206,6 +206,48 @@ def _outcome(code: Optional[int], status: dict[str, str], out: Capped, err: Capp
                        stderr_truncated=err.truncated, error=error, started_at=started)
 
 
+async def run_file_op(argv: list[str], env: dict[str, str], data: Optional[bytes], limit: int,
+                      pass_fd: int, timeout: float = 600.0) -> tuple[int, bytes, str, dict[str, str]]:
+    """Run the helper's put/get inside a sandbox: (exit code, stdout, stderr, status lines)."""
+    status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    in_r, in_w = os.pipe2(os.O_CLOEXEC)
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        proc = await Child.start(_with_status_fd(argv, status_w), env, in_r, out_w, err_w, (status_w, pass_fd))
+    finally:
+        for fd in (status_w, in_r, out_w, err_w):
+            os.close(fd)
+    out, err = Capped(limit + 1), Capped(64 * 1024)
+    feeding = asyncio.create_task(asyncio.to_thread(_write_all, in_w, data or b""))
+    readers = {asyncio.create_task(read_fd(out_r, out.feed)), asyncio.create_task(read_fd(err_r, err.feed))}
+    status_task = asyncio.create_task(read_status(status_r, None))
+    try:
+        await _wait_or_kill(proc, timeout, _no_tree)
+        await _finish_readers(readers)
+        await asyncio.gather(feeding, return_exceptions=True)
+    finally:
+        os.close(out_r)
+        os.close(err_r)
+    status = parse_status(await _status(status_task, status_r))
+    return proc.returncode, out.value(), err.value().decode("utf-8", "replace").strip(), status
+
+
+async def _no_tree() -> None:
+    return None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view[:1 << 20]):]
+    except OSError:
+        pass                    # the helper stopped reading (it failed): its exit code says why
+    finally:
+        os.close(fd)
+
+
 class PtyHandle:
     """A command on a pseudo-terminal inside a sandbox (see base.PtyProcess)."""
 

@@ -9,9 +9,16 @@
  *   orchard-sandbox enter PID CWD [--status-fd N] [--cgroup PROCS]... -- CMD...
  *       join cgroups and the namespaces and root of sandbox init PID, fork, and in the child drop
  *       every capability, set no_new_privs, start a new session, chdir CWD and exec CMD.
+ *       A seccomp filter then forbids new user namespaces (root-in-a-userns could mount cgroupfs and
+ *       lift its own limits), clone3, keyrings, bpf, perf events, userfaultfd and handle-based opens.
  *       Status lines on fd N: "pid <host pid>" (parent), "spid <sandbox pid>" (child),
  *       "err <what> <message>" (child, when CMD cannot start). The parent exits as the child did:
  *       the same code, or killed by the same signal.
+ *   orchard-sandbox put PATH MODE     (run inside a sandbox by `enter`)
+ *       write stdin to PATH as the sandbox's own user would, creating parents; MODE -1 keeps 0644/existing.
+ *   orchard-sandbox get PATH LIMIT    (run inside a sandbox by `enter`)
+ *       copy the regular file PATH to stdout. Exit codes of put/get: 2 not found, 3 not a regular
+ *       file / a directory in the way, 4 larger than LIMIT, 5 other errors (message on stderr).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -28,8 +35,13 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <sys/stat.h>
+#include <stddef.h>
+#include <linux/audit.h>
 #include <linux/capability.h>
+#include <linux/filter.h>
 #include <linux/securebits.h>
+#include <linux/seccomp.h>
 
 static int status_fd = -1;
 
@@ -143,6 +155,42 @@ static int drop_privileges(void) {
   return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
 }
 
+#if defined(__x86_64__)
+#define AUDIT_ARCH_NATIVE AUDIT_ARCH_X86_64
+#elif defined(__aarch64__)
+#define AUDIT_ARCH_NATIVE AUDIT_ARCH_AARCH64
+#endif
+
+#define DENY(nr, err) BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (nr), 0, 1), \
+  BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (err))
+
+static int install_seccomp(void) {
+#ifdef AUDIT_ARCH_NATIVE
+  struct sock_filter filter[] = {
+    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_NATIVE, 1, 0),
+    BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+    /* unshare(flags) and clone(flags, ...): refuse CLONE_NEWUSER */
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_unshare, 1, 0),
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_clone, 0, 3),
+    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])),
+    BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, CLONE_NEWUSER, 0, 1),
+    BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+    DENY(__NR_clone3, ENOSYS),          /* flags live in memory BPF cannot read: libc falls back to clone */
+    DENY(__NR_keyctl, EPERM), DENY(__NR_add_key, EPERM), DENY(__NR_request_key, EPERM),
+    DENY(__NR_bpf, EPERM), DENY(__NR_perf_event_open, EPERM), DENY(__NR_userfaultfd, EPERM),
+    DENY(__NR_open_by_handle_at, EPERM), DENY(__NR_name_to_handle_at, EPERM),
+    BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  struct sock_fprog prog = {(unsigned short)(sizeof filter / sizeof filter[0]), filter};
+  return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0);
+#else
+  return 0;
+#endif
+}
+
 static int child_main(const char *cwd, char **cmd) {
   setsid();
   if (isatty(0)) ioctl(0, TIOCSCTTY, 0);
@@ -151,6 +199,7 @@ static int child_main(const char *cwd, char **cmd) {
   sigprocmask(SIG_SETMASK, &none, NULL);
   for (int s = 1; s < 32; s++) signal(s, SIG_DFL);
   if (drop_privileges() < 0) return fail("drop", "privileges");
+  if (install_seccomp() < 0) return fail("install", "seccomp filter");
   if (chdir(cwd) < 0) {
     say("err cwd %s: %s\n", cwd, strerror(errno));
     return 125;
@@ -208,7 +257,78 @@ static int mode_enter(int argc, char **argv) {
   return WEXITSTATUS(status);
 }
 
+static int mkparents(char *path) {
+  for (char *p = path + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = 0;
+    int rc = mkdir(path, 0755);
+    int err = errno;
+    *p = '/';
+    if (rc < 0 && err != EEXIST) { errno = err; return -1; }
+  }
+  return 0;
+}
+
+static int io_fail(const char *what, const char *path) {
+  int err = errno;
+  fprintf(stderr, "%s %s: %s\n", what, path, strerror(err));
+  if (err == ENOENT || err == ENOTDIR) return 2;
+  if (err == EISDIR) return 3;
+  if (err == ENOSPC || err == EDQUOT || err == EFBIG) return 4;
+  return 5;
+}
+
+static int copy(int in, int out, long long limit, long long *copied) {
+  char buf[65536];
+  for (;;) {
+    ssize_t n = read(in, buf, sizeof buf);
+    if (n == 0) return 0;
+    if (n < 0) { if (errno == EINTR) continue; return -1; }
+    *copied += n;
+    if (limit >= 0 && *copied > limit) return 1;
+    for (ssize_t off = 0; off < n;) {
+      ssize_t w = write(out, buf + off, (size_t)(n - off));
+      if (w < 0) { if (errno == EINTR) continue; return -1; }
+      off += w;
+    }
+  }
+}
+
+static int mode_put(char *path, long mode) {
+  if (mkparents(path) < 0) return io_fail("create parents of", path);
+  int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK, mode >= 0 ? (mode_t)mode : 0644);
+  if (fd < 0) return io_fail("open", path);
+  struct stat st;
+  if (fstat(fd, &st) < 0) return io_fail("stat", path);
+  if (!S_ISREG(st.st_mode)) { fprintf(stderr, "%s is not a regular file\n", path); return 3; }
+  if (ftruncate(fd, 0) < 0) return io_fail("truncate", path);
+  fcntl(fd, F_SETFL, 0);
+  long long copied = 0;
+  if (copy(0, fd, -1, &copied) < 0) return io_fail("write", path);
+  if (mode >= 0 && fchmod(fd, (mode_t)mode) < 0) return io_fail("chmod", path);
+  if (close(fd) < 0) return io_fail("close", path);
+  return 0;
+}
+
+static int mode_get(const char *path, long long limit) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return io_fail("open", path);
+  struct stat st;
+  if (fstat(fd, &st) < 0) return io_fail("stat", path);
+  if (S_ISDIR(st.st_mode)) { fprintf(stderr, "%s is a directory\n", path); return 3; }
+  if (!S_ISREG(st.st_mode)) { fprintf(stderr, "%s is not a regular file\n", path); return 3; }
+  if (st.st_size > limit) { fprintf(stderr, "%s is %lld bytes\n", path, (long long)st.st_size); return 4; }
+  fcntl(fd, F_SETFL, 0);
+  long long copied = 0;
+  int rc = copy(fd, 1, limit, &copied);
+  if (rc < 0) return io_fail("read", path);
+  if (rc > 0) { fprintf(stderr, "%s grew past %lld bytes\n", path, limit); return 4; }
+  return 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc == 4 && strcmp(argv[1], "put") == 0) return mode_put(argv[2], strtol(argv[3], NULL, 10));
+  if (argc == 4 && strcmp(argv[1], "get") == 0) return mode_get(argv[2], strtoll(argv[3], NULL, 10));
   if (argc >= 2 && strcmp(argv[1], "init") == 0) return mode_init(argc >= 3 ? atoi(argv[2]) : -1);
   if (argc >= 3 && strcmp(argv[1], "mount") == 0) return mode_mount(argc - 2, argv + 2);
   if (argc >= 3 && strcmp(argv[1], "enter") == 0) return mode_enter(argc - 2, argv + 2);
