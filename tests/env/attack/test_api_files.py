@@ -82,6 +82,7 @@ def test_special_files_are_refused_not_read(sandbox, http, service_ok):
 
 
 def test_file_api_lends_no_privilege_over_proc(sandbox, http, service_ok):
+    """Reading /proc through the file API: it runs as the sandbox's own unprivileged user, so kernel addresses and init's memory stay as hidden as they are to the sandbox."""
     sid = sandbox.sandbox_id
     try:
         for path in ("/proc/iomem", "/proc/1/maps", "/proc/1/stack", "/proc/1/mem"):

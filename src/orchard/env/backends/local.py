@@ -376,6 +376,8 @@ def _file_error(code: Optional[int], err: str, status: dict[str, str], path: str
         return errors.RequestError(message, status_code=400)
     if code == 4:
         return errors.PayloadTooLargeError(f"{message} (limit {size} bytes, or no space left in the sandbox)")
+    if code in (-9, 137):
+        return errors.PayloadTooLargeError(f"{path}: killed by the sandbox's memory limit while writing {size} bytes")
     return errors.RequestError(message, status_code=400)
 
 
