@@ -18,8 +18,32 @@ SandboxStatus = Literal["pending", "ready", "failed", "unschedulable", "not_foun
 JobStatus = Literal["queued", "running", "succeeded", "failed"]
 
 
+def _clean_text(value: object) -> object:
+    """Every string a caller sends must be valid UTF-8 without NUL bytes (paths, argv, env, patches)."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError("must not contain NUL bytes")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError("must be valid UTF-8 (no lone surrogates)") from e
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _clean_text(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _clean_text(key)
+            _clean_text(item)
+    return value
+
+
 class Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _text(cls, value: object) -> object:
+        return _clean_text(value)
 
 
 class Reply(BaseModel):
@@ -71,7 +95,7 @@ class CreateSandboxRequest(Request):
     @field_validator("image")
     @classmethod
     def _image(cls, value: str) -> str:
-        if not value or len(value) > 4096 or "\x00" in value:
+        if not value or len(value) > 4096 or "\x00" in value or value.startswith("@"):
             raise ValueError("image must be a non-empty name or absolute path")
         return value
 
@@ -254,7 +278,7 @@ class ResourcesResponse(Reply):
 # ---------------------------------------------------------------- PTY frames
 class PtyInit(Request):
     type: Literal["init"] = "init"
-    cmd: list[str] = Field(default_factory=lambda: ["bash"], description="argv to run on the terminal.")
+    cmd: list[str] = Field(default_factory=lambda: ["bash"], min_length=1, description="argv to run on the terminal.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment.")
     cwd: Optional[str] = Field(None, description="Working directory (default: the sandbox workdir).")
     rows: int = Field(24, ge=1, le=1000, description="Terminal rows.")

@@ -59,13 +59,15 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(400 * 2**20, gt=0, description="Largest request body.")
     job_retention_seconds: float = Field(7 * 86400, gt=0, description="Finished jobs are kept this long.")
 
+    image_roots: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Directories under which root-filesystem directory images may be named.")
     forward_allowlist: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Host endpoints 'host:port' that model_endpoint may name.")
     network_bridge: Optional[str] = Field(None, description="Bridge of networked sandboxes (default: derived from the state dir).")
     network_subnet: Optional[str] = Field(None, description="IPv4 /16 of networked sandboxes (default: 10.X.0.0/16 derived from the state dir).")
     cgroups_required: bool = Field(True, description="Fail sandbox creation when cgroup limits cannot be applied.")
 
-    @field_validator("api_keys", "admin_keys", "forward_allowlist", mode="before")
+    @field_validator("api_keys", "admin_keys", "forward_allowlist", "image_roots", mode="before")
     @classmethod
     def _comma_list(cls, value: object) -> object:
         return _split(value)

@@ -17,6 +17,7 @@ def _content(r: httpx.Response) -> bytes:
 
 @local_only
 def test_traversal_to_host_paths_stays_inside_the_sandbox(sandbox, http, service, host_secret, service_ok):
+    """Path traversal through the file API (../../etc/shadow, absolute host paths): resolved inside the sandbox's own root; host files are never reached."""
     secret, token = host_secret
     sid, state = sandbox.sandbox_id, str(service.state_dir)
     sandbox.exec(f"mkdir -p /workspace/a/b; ln -s {secret.parent} /workspace/hostdir; "
@@ -48,6 +49,7 @@ def test_traversal_to_host_paths_stays_inside_the_sandbox(sandbox, http, service
 
 
 def test_encoded_nul_and_long_paths_are_refused_cleanly(sandbox, http, service_ok):
+    """Encoded dots, NUL bytes and very long paths in file routes: 400/404/422, never a 500."""
     sid = sandbox.sandbox_id
     base = http.base_url
     raw_queries = ["path=%2e%2e%2f%2e%2e%2f%2e%2e%2fwork%2fmain%2fREADME.md", "path=%252e%252e%252fetc%252fshadow",
@@ -96,6 +98,7 @@ def test_file_api_lends_no_privilege_over_proc(sandbox, http, service_ok):
 
 
 def test_oversized_bodies_and_files_are_413(sandbox, http, url, service_ok):
+    """Bodies over ORCHARD_MAX_BODY_BYTES and files over the file limit: refused with 413 before anything is written."""
     sid = sandbox.sandbox_id
     big = b"A" * (17 * 2**20)
 
@@ -129,11 +132,8 @@ def test_oversized_bodies_and_files_are_413(sandbox, http, url, service_ok):
     service_ok()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a chunked body (no Content-Length) over ORCHARD_MAX_BODY_BYTES is "
-                   "refused with 400 'There was an error parsing the body' instead of 413: RequestLimits raises "
-                   "PayloadTooLargeError inside receive(), and FastAPI's body reader turns any exception into a "
-                   "400. Fix in server/app.py RequestLimits: answer 413 itself once the limit is crossed.")
 def test_chunked_oversized_body_is_413(sandbox, http, service_ok):
+    """A chunked body (no Content-Length) past the body limit: cut off and answered 413."""
     def chunks():
         yield b'{"path": "/tmp/x", "content": "'
         for _ in range(17):

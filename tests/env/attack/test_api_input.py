@@ -57,6 +57,7 @@ def _body_routes(sid: str) -> dict[str, list[dict]]:
 
 
 def test_malformed_and_mistyped_bodies_are_4xx(sandbox, http, service_ok):
+    """Malformed JSON, wrong types and unknown fields on every route: 4xx, never a 500, and unknown fields grant nothing."""
     sid = sandbox.sandbox_id
     routes = _body_routes(sid)
     for route, bodies in routes.items():
@@ -124,6 +125,7 @@ def raw_request(url: str, method: str, path: str, body: Optional[dict] = None, k
 
 
 def test_invalid_ids_on_every_route_are_404_or_422(sandbox, url, service_ok):
+    """Invalid sandbox and job ids (uppercase, 64+ chars, slashes, '..', unicode) on every route: 404 or 422."""
     bodies = {"exec": {"command": "true"}, "files": {"path": "/x", "content": ""},
               "apply_patch": {"patch": "x"}, "snapshot": {"image": "attack-snap"}}
     for bad in BAD_IDS:
@@ -147,13 +149,8 @@ def test_invalid_ids_on_every_route_are_404_or_422(sandbox, url, service_ok):
     service_ok()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a body that fails validation with an input JSON cannot carry is a 500, "
-                   "because the 422 reply echoes the input: non-finite numbers (1e999, NaN, Infinity, which Python's "
-                   "json accepts) make Starlette's JSONResponse raise 'Out of range float values', and a non-UTF-8 "
-                   "body sent as text/plain makes jsonable_encoder raise UnicodeDecodeError, and a lone surrogate "
-                   "(\\ud800) cannot be encoded as UTF-8. Fix in server/app.py: "
-                   "a RequestValidationError handler that makes the echoed input JSON-safe (or drops it).")
 def test_validation_errors_with_unencodable_input_are_4xx(sandbox, http, service_ok):
+    """Input JSON cannot carry back (NaN, Infinity, 1e999, lone surrogates, non-UTF-8): 422 without echoing it, never a 500."""
     sid = sandbox.sandbox_id
     try:
         for route in ("/sandboxes", f"/sandboxes/{sid}/exec", f"/sandboxes/{sid}/files", f"/sandboxes/{sid}/apply_patch"):
@@ -164,11 +161,8 @@ def test_validation_errors_with_unencodable_input_are_4xx(sandbox, http, service
         service_ok()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a NUL byte in apply_patch's cwd is a 500: FileOps.apply_patch passes it "
-                   "to the backend, whose subprocess.Popen raises ValueError('embedded null byte'), which nothing "
-                   "maps to an error; the request also closes the connection. Fix in protocol.py ApplyPatchRequest "
-                   "(validate cwd like ExecRequest) or service/files.py.")
 def test_nul_in_apply_patch_cwd_is_not_500(sandbox, http, service_ok):
+    """A NUL byte in apply_patch's cwd: refused by validation (422)."""
     try:
         r = http.post(f"/sandboxes/{sandbox.sandbox_id}/apply_patch", json={"patch": "x", "cwd": "/tmp\x00/x"})
         assert r.status_code != 500 and (400 <= r.status_code < 500 or r.json()["success"] is False), r.text
@@ -176,12 +170,8 @@ def test_nul_in_apply_patch_cwd_is_not_500(sandbox, http, service_ok):
         service_ok()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a lone UTF-16 surrogate (JSON escape \\ud800) in an otherwise valid string "
-                   "field is a 500 on exec (string and argv), upload path, create image and apply_patch: Python "
-                   "decodes it into a str that later cannot be encoded as UTF-8 (subprocess argv, SQLite, the JSON "
-                   "reply). Fix in protocol.py: reject strings that are not valid Unicode (e.g. a validator on the "
-                   "Request base model that checks s.encode('utf-8')) so they are 422.")
 def test_lone_surrogates_in_valid_fields_are_4xx(sandbox, http, service_ok):
+    """Lone UTF-16 surrogates in exec, upload, create and apply_patch fields: refused by validation (422)."""
     sid = sandbox.sandbox_id
     cases = [("/sandboxes", b'{"image": "host\\ud800"}'),
              (f"/sandboxes/{sid}/exec", b'{"command": "echo \\ud800", "wait": true}'),

@@ -90,6 +90,7 @@ def _pty(url: str, sid: str, key: Optional[str] = None, via: str = "query",
 
 
 def test_pty_websocket_refuses_missing_wrong_and_foreign_keys(sandbox, url, service_ok):
+    """PTY WebSocket without a key, with a wrong key, or on another key's sandbox: error frame, close 4400, no process started."""
     sid = sandbox.sandbox_id
     ghost = "b" + secrets.token_hex(6)[1:]
     cases = [(sid, None, "query"), (sid, "wrong-key", "query"), (sid, "wrong-key", "subprotocol"),
@@ -108,12 +109,8 @@ def test_pty_websocket_refuses_missing_wrong_and_foreign_keys(sandbox, url, serv
     service_ok()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a PTY init frame with a NUL byte in cmd/cwd/env or an empty cmd makes "
-                   "the server drop the socket (close 1006/1011, no error frame): open_pty raises ValueError "
-                   "('embedded null byte') or IndexError (argv[0] of []) which server/pty.py does not catch. "
-                   "Fix in protocol.py PtyInit (validate like ExecRequest: no NUL, non-empty cmd) or catch in "
-                   "server/pty.py and answer an error frame + close 4400.")
 def test_pty_malformed_init_gets_an_error_frame(sandbox, url, service_ok):
+    """PTY init frames with NUL bytes or an empty command: error frame and close 4400, not a dropped socket."""
     sid = sandbox.sandbox_id
     try:
         for init in ({"type": "init", "cmd": ["tr\x00ue"]}, {"type": "init", "cmd": ["true"], "cwd": "/tmp\x00"},
@@ -125,6 +122,7 @@ def test_pty_malformed_init_gets_an_error_frame(sandbox, url, service_ok):
 
 
 def test_pty_malformed_frames_are_refused(sandbox, url, service_ok):
+    """Malformed PTY frames after init: answered with an error frame; the session and service go on."""
     sid = sandbox.sandbox_id
     for init in ({"type": "stdin", "data": "eA=="}, {"type": "init", "cmd": "not-a-list"}, {"cmd": ["true"]},
                  {"type": "init", "cmd": ["true"], "rows": 10**9}, {"type": "init", "cmd": ["true"], "rows": -1},
@@ -135,6 +133,7 @@ def test_pty_malformed_frames_are_refused(sandbox, url, service_ok):
 
 
 def test_ids_are_unguessable_and_listing_is_private(client, http, http_b, url, service_ok):
+    """Enumerating sandbox and job ids: 12/32 random hex characters, and listings show only the caller's own."""
     sandboxes = [client.create_sandbox(IMAGE) for _ in range(6)]
     try:
         ids = [s.sandbox_id for s in sandboxes]
@@ -159,6 +158,7 @@ def test_ids_are_unguessable_and_listing_is_private(client, http, http_b, url, s
 
 
 def test_every_route_but_root_and_health_needs_a_valid_key(sandbox, http, url, service_ok):
+    """Every route but / and /health without a key or with a wrong one (also via query, Bearer or cookie): 401/403."""
     sid = sandbox.sandbox_id
     job = http.post(f"/sandboxes/{sid}/exec", json={"command": "true", "wait": True}).json()["job_id"]
     spec = httpx.get(url + "/openapi.json").json()
@@ -205,18 +205,16 @@ def a_snapshot(client):
     return name, secret
 
 
-@pytest.mark.xfail(strict=True, reason="WEAKNESS: snapshot images are global, not owned: any key can start a "
-                   "sandbox from another key's snapshot and read its files, and a failed create lists every "
-                   "snapshot name in its message ('Available: ...'). Fix in service/sandboxes.py (record the "
-                   "owner of a snapshot and resolve/list only the caller's) and backends/local_images.py.")
 def test_another_tenant_cannot_boot_or_list_my_snapshot(a_snapshot, tenant_b, service_ok):
+    """Key B starting or listing key A's snapshot: snapshots are per owner, so the name is unknown to B."""
     name, secret = a_snapshot
     try:
         with pytest.raises(SandboxFailedError) as err:
             with tenant_b.create_sandbox(name, timeout=60) as sb:
                 leaked = sb.exec("cat /workspace/secret.txt").stdout
                 assert secret not in leaked
-        assert name not in str(err.value.detail)
+        listing = str(err.value.detail).split("Available:", 1)[-1]     # the message quotes what B asked for
+        assert name not in listing, err.value.detail
         with pytest.raises(SandboxFailedError) as err:
             tenant_b.create_sandbox("no-such-image-" + secrets.token_hex(3), timeout=60)
         assert name.split(":")[0] not in str(err.value.detail), err.value.detail
@@ -224,11 +222,8 @@ def test_another_tenant_cannot_boot_or_list_my_snapshot(a_snapshot, tenant_b, se
         service_ok()
 
 
-@pytest.mark.xfail(strict=True, reason="WEAKNESS: any key can overwrite another key's snapshot: POST /snapshot with "
-                   "an existing name writes a new version and replaces the manifest, so key A's next sandbox "
-                   "boots key B's files (image poisoning). Fix in backends/local_images.py snapshot() / "
-                   "routes.py (refuse a name owned by another key, 409).")
 def test_another_tenant_cannot_replace_my_snapshot(a_snapshot, client, tenant_b, service_ok):
+    """Key B snapshotting under the name of key A's snapshot: B gets its own image; A's stays as it was."""
     name, secret = a_snapshot
     try:
         with tenant_b.create_sandbox(IMAGE) as sb:
@@ -253,6 +248,7 @@ def _fake_root(parent: Path, token: str) -> Path:
 
 @local_only
 def test_image_paths_inside_the_state_dir_are_refused(client, service, service_ok):
+    """Booting the service's state dir as a directory image: refused."""
     for path in (service.state_dir, service.state_dir / "images" / "host" / "root", service.state_dir / "sandboxes"):
         with pytest.raises(SandboxFailedError):
             client.create_sandbox(str(path), timeout=60)
@@ -260,12 +256,8 @@ def test_image_paths_inside_the_state_dir_are_refused(client, service, service_o
 
 
 @local_only
-@pytest.mark.xfail(strict=True, reason="WEAKNESS: an image path under a hidden host directory is accepted: "
-                   "ImageStore._directory only refuses a path that contains a hidden path (/work) or lies in the "
-                   "state dir, not one inside /work, so image='/work/main/.venv' (anything with bin/ or usr/) "
-                   "exposes /work read-only to any key. Fix in backends/local_images.py _directory (refuse "
-                   "_is_under(path, h) for every hidden h).")
 def test_image_paths_inside_work_are_refused(client, service_ok):
+    """Booting a directory under /work (or another hidden host path) as an image: refused."""
     inside = next((p for p in (Path(sys.prefix), Path(__file__).resolve().parents[3] / ".venv")
                    if str(p).startswith("/work/") and (p / "bin").is_dir()), None)
     if inside is None:
@@ -280,12 +272,8 @@ def test_image_paths_inside_work_are_refused(client, service_ok):
 
 
 @local_only
-@pytest.mark.xfail(strict=True, reason="WEAKNESS: any key may boot any host directory that holds bin/ or usr/ as a "
-                   "read-only root (a home directory with ~/bin, /root/.pyenv, a podman layer...), and read every "
-                   "file in it; README promises home directories are never exposed. Fix in "
-                   "backends/local_images.py _directory: accept only directories under an allow-listed image "
-                   "root (a new setting), or only for admin keys.")
 def test_image_paths_cannot_expose_arbitrary_host_directories(client, tmp_path, service_ok):
+    """Booting an arbitrary host directory holding bin/ or usr/: refused unless under ORCHARD_IMAGE_ROOTS."""
     token = "HOME-SECRET-" + secrets.token_hex(8)
     root = _fake_root(tmp_path, token)
     try:
@@ -297,13 +285,8 @@ def test_image_paths_cannot_expose_arbitrary_host_directories(client, tmp_path, 
 
 
 @local_only
-@pytest.mark.xfail(strict=True, reason="WEAKNESS: a snapshot plants setuid-root files on the host. A sandbox (uid 0) "
-                   "may chmod 4755 its own files; snapshot() copies its upper layer with `cp -a` into "
-                   "<state-dir>/images/snapshots/..., keeping the setuid bit and root owner, in directories that are "
-                   "0755 all the way down from a state dir the service creates 0755 (the default /var/lib/orchard): "
-                   "any local user of the host can then run a root shell. Fix in backends/local_images.py "
-                   "(strip S_ISUID/S_ISGID when copying a layer, and make the state and images dirs 0700).")
 def test_snapshot_does_not_plant_setuid_files_for_host_users(model_server, tmp_path):
+    """Planting a setuid-root file on the host through a snapshot: setuid/setgid bits are stripped and the state dir is 0700."""
     from orchard.env.runner import ServiceProcess
     from tests.env.contract.conftest import service_env
 

@@ -11,6 +11,7 @@ from .conftest import IMAGE, local_only, run_py
 
 @local_only
 def test_links_dotdot_and_proc_roots_never_reach_host_files(sandbox, host_secret, service_ok):
+    """From inside: symlinks, '..' chains, /proc/<pid>/root, /proc/1/root, /proc/self/root/../..: only the sandbox's own files."""
     secret, token = host_secret
     d = secret.parent
     r = sandbox.exec(

@@ -111,6 +111,7 @@ def probe_host(sb, service, model_port: int):
 
 @local_only
 def test_blocked_network_reaches_nothing_on_the_host(sandbox, service, model_server, service_ok):
+    """With block_network: reaching host listeners (TCP, UDP, abstract unix) on every host address and the service's port: only lo exists."""
     interfaces, reached, contacts = probe_host(sandbox, service, model_server)
     assert interfaces == "['lo']"
     assert reached == [] and contacts == [], (reached, contacts)
@@ -118,8 +119,8 @@ def test_blocked_network_reaches_nothing_on_the_host(sandbox, service, model_ser
 
 
 @local_only
-@pytest.mark.xfail(strict=False, reason="networked sandboxes share the host network until the bridge/NAT backend lands")
 def test_networked_sandbox_still_cannot_reach_host_listeners(client, service, model_server, service_ok):
+    """Without block_network: reaching host listeners on every host address and the bridge gateway: dropped by the sandbox firewall."""
     with client.create_sandbox(IMAGE, block_network=False) as sb:
         interfaces, reached, contacts = probe_host(sb, service, model_server)
     service_ok()

@@ -16,6 +16,7 @@ ZERO_CAPS = "0000000000000000"
 
 
 def test_mount_bind_and_chroot_fail(sandbox, service_ok):
+    """mount, bind mounts, umount, chroot, open_tree, fsopen: EPERM (no capabilities, no user namespaces)."""
     r = sandbox.exec(
         "for c in 'mount --bind / /mnt' 'mount --rbind /proc /mnt' 'mount -t tmpfs x /mnt' 'mount -t proc p /mnt' "
         "'mount -t sysfs s /mnt' 'mount -t cgroup -o memory c /mnt' 'mount -t cgroup2 c /mnt' "
@@ -91,6 +92,7 @@ SYSCALLS = {"x86_64": {"init_module": 175, "delete_module": 176, "finit_module":
 
 @pytest.mark.skipif(platform.machine() not in SYSCALLS, reason="syscall numbers known for x86_64 and aarch64")
 def test_kernel_modules_and_other_kernel_entry_points_are_refused(sandbox, service_ok):
+    """Loading kernel modules, kexec, reboot, swapon, syslog, iopl: EPERM/ENOSYS."""
     nums = SYSCALLS[platform.machine()]
     code = f"""
 import ctypes, os
@@ -185,6 +187,7 @@ def test_setuid_and_file_capabilities_give_nothing_back(sandbox, http, service_o
 
 @local_only
 def test_host_hostname_cannot_be_changed(sandbox, bystander, service_ok):
+    """Changing the hostname: at most the sandbox's own UTS namespace; the host's stays."""
     before = socket.gethostname()
     r = sandbox.exec("hostname pwned-host 2>&1; echo rc=$?; domainname pwned 2>&1; "
                      "python3 -c \"import socket; socket.sethostname('pwned-host')\" 2>&1 | tail -1; "

@@ -9,6 +9,7 @@ from .conftest import local_only, run_py
 
 @local_only
 def test_ps_shows_only_the_sandboxs_own_processes(sandbox, service, host_sleep, service_ok):
+    """Seeing host processes: ps shows only the sandbox's own (own pid namespace)."""
     marker = host_sleep.args[1]
     r = sandbox.exec("ps -eo pid,args; echo ---; ls /proc | grep -E '^[0-9]+$' | sort -n | tr '\\n' ' '")
     table, pids = r.stdout.split("---\n")
@@ -23,6 +24,7 @@ def test_ps_shows_only_the_sandboxs_own_processes(sandbox, service, host_sleep, 
 
 @local_only
 def test_host_processes_cannot_be_signalled(sandbox, service, host_sleep, service_ok):
+    """Signalling host processes (kill -9 <host pid>, kill -1): they are invisible; the host process survives."""
     targets = [host_sleep.pid, os.getpid(), service.proc.pid]
     code = f"""
 import os, signal
@@ -49,6 +51,7 @@ for pid in {targets!r}:
 
 @local_only
 def test_host_processes_cannot_be_traced_read_or_entered(sandbox, service, host_sleep, host_secret, service_ok):
+    """ptrace, process_vm_readv, pidfd_open and nsenter on host processes: refused."""
     secret, token = host_secret
     targets = [host_sleep.pid, service.proc.pid, os.getpid()]
     code = f"""

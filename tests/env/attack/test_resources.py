@@ -79,6 +79,7 @@ ACTION
 
 @local_only
 def test_a_process_cannot_leave_its_cgroups(client, http, service_ok):
+    """Moving itself out of its cgroups (through /sys/fs/cgroup or a fresh cgroupfs mount): refused; membership checked from the host."""
     marker = "cg-escape-" + secrets.token_hex(4)
     code = USERNS_CGROUPS.replace("ACTION", f"""
 for p in ("/sys/fs/cgroup/cgroup.procs", "/sys/fs/cgroup/memory/cgroup.procs", "/sys/fs/cgroup/pids/tasks"):
@@ -195,6 +196,7 @@ def test_detached_fork_bomb_dies_with_its_sandbox(client, http, bystander, servi
 
 
 def test_cpu_and_memory_hogs_do_not_starve_other_sandboxes(client, http, bystander, service_ok):
+    """CPU and memory hogs in one sandbox: another key's commands keep their latency; each OOM stays confined to the hog."""
     hog = """
 import os, time
 end = time.time() + 4

@@ -120,16 +120,19 @@ def test_real_host_image(tmp_path):
 
 # ---------------------------------------------------------------- directories and names
 def test_directory_image(tmp_path):
-    rootfs = tmp_path / "rootfs"
+    rootfs = tmp_path / "images" / "rootfs"
     (rootfs / "usr").mkdir(parents=True)
-    store = ImageStore(tmp_path / "state", podman="")
+    store = ImageStore(tmp_path / "state", podman="", roots=[str(tmp_path / "images")])
     assert store.resolve(str(rootfs)) == Image(name=str(rootfs), layers={"/": [str(rootfs)]})
-    (tmp_path / "empty").mkdir()
-    for bad in (str(tmp_path / "empty"), str(tmp_path / "missing")):
+    (tmp_path / "images" / "empty").mkdir()
+    for bad in (str(tmp_path / "images" / "empty"), str(tmp_path / "images" / "missing")):
         with pytest.raises(NotFoundError):
             store.resolve(bad)
+    for outside in ("/", str(tmp_path), "/usr"):                # not under an allowed root
+        with pytest.raises(RequestError):
+            store.resolve(outside)
     with pytest.raises(RequestError):
-        store.resolve("/")                                      # would expose /work and the state dir
+        ImageStore(tmp_path / "state2", podman="").resolve(str(rootfs))   # no roots configured: refused
 
 
 def test_unknown_name_lists_what_exists(tmp_path):
@@ -139,7 +142,8 @@ def test_unknown_name_lists_what_exists(tmp_path):
     store.snapshot("snap-a", Image(name="host", layers={"/": [str(tmp_path)]}), {"/": str(upper)})
     with pytest.raises(NotFoundError) as e:
         store.resolve("nope")
-    assert e.value.detail == "Unknown image 'nope'. Available: host, snap-a, any absolute root-fs directory"
+    assert e.value.detail == "Unknown image 'nope'. Available: host, your snapshots"   # snapshots are per owner
+    assert "snap-a" not in e.value.detail
     assert store.names() == ["host", "snap-a"]
 
 
@@ -248,7 +252,7 @@ def test_snapshot_layers_mount_as_overlay_and_whiteouts_hide(tmp_path):
     for rel in ("usr/keep", "usr/gone", "usr/d/old", "usr/later"):
         (base / rel).parent.mkdir(parents=True, exist_ok=True)
         (base / rel).write_text(rel)
-    store = ImageStore(tmp_path / "state", podman="")
+    store = ImageStore(tmp_path / "state", podman="", roots=[str(tmp_path)])
     image = store.resolve(str(base))
 
     def run_sandbox(image: Image, commands: str) -> str:
@@ -310,4 +314,4 @@ def test_oci_names_go_through_podman(tmp_path, monkeypatch):
     with pytest.raises(NotFoundError) as e:
         store.resolve("nope:latest")
     assert "podman pull failed: Error: initializing source" in e.value.detail
-    assert e.value.detail.endswith("any absolute root-fs directory, local OCI images: local/img:1")
+    assert e.value.detail.endswith("Available: host, your snapshots, local OCI images: local/img:1")

@@ -70,7 +70,7 @@ class LocalBackend:
         self.settings = settings
         self.namespace = settings.namespace
         self.root = Path(settings.state_dir) / "sandboxes"
-        self.images_store = ImageStore(Path(settings.state_dir))
+        self.images_store = ImageStore(Path(settings.state_dir), roots=settings.image_roots)
         # one cgroup parent per state dir: two services on one host never touch each other's sandboxes
         tag = hashlib.sha256(str(Path(settings.state_dir).resolve()).encode()).hexdigest()[:8]
         self.cgroups = Cgroups(parent_name=f"orchard-{tag}")
@@ -91,6 +91,7 @@ class LocalBackend:
     async def start(self, on_exit: ExitCallback) -> None:
         self._on_exit = on_exit
         self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.settings.state_dir, 0o700)      # layers and images are root's business only
         self.helper = str(await asyncio.to_thread(helper_path, Path(self.settings.state_dir)))
         self._helper_fd = os.open(self.helper, os.O_RDONLY | os.O_CLOEXEC)   # run inside sandboxes for file I/O
         if not os.path.exists(self.bwrap):

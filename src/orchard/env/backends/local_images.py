@@ -73,6 +73,17 @@ def _cp_a(src: str, dst: str) -> None:
         raise BackendError(f"cp -a {src} {dst} failed: {done.stderr.strip()[-500:]}")
 
 
+def _strip_setid(root: Path) -> None:
+    """No setuid/setgid file may land on the host: it would be a root shell for any local user.
+    (Inside sandboxes such bits never worked: no_new_privs.)"""
+    for directory, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(directory, name)
+            st = os.lstat(path)
+            if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                os.chmod(path, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+
+
 def _tree_size(path: Path) -> int:
     total = 0
     for top, dirs, files in os.walk(path):
@@ -95,9 +106,10 @@ class ImageStore:
     """Resolve image names to overlay layers, prepare the host image, and keep snapshots."""
 
     def __init__(self, state_dir: Path, *, host_root: str = "/", hide: Iterable[str] = ("/work",),
-                 podman: Optional[str] = None, pull_timeout: float = 300.0):
+                 podman: Optional[str] = None, pull_timeout: float = 300.0, roots: Iterable[str] = ()):
         self.state_dir = Path(state_dir).resolve()
         _overlay_safe(str(self.state_dir))
+        self.roots = [os.path.realpath(r) for r in roots]     # where directory images may live
         self.host_root = os.path.realpath(host_root)
         self.hidden = sorted({str(self.state_dir), *(os.path.realpath(h) for h in hide)})
         self.podman = podman if podman is not None else shutil.which("podman")
@@ -128,7 +140,8 @@ class ImageStore:
 
     def _unknown(self, name: str, why: str = "") -> str:
         oci = self._oci_names()
-        listed = ", ".join(["host", *self._snapshot_names(), "any absolute root-fs directory"])
+        dirs = f"a root-fs directory under {', '.join(self.roots)}" if self.roots else None
+        listed = ", ".join(["host", "your snapshots", *([dirs] if dirs else [])])
         tail = f", local OCI images: {', '.join(oci)}" if oci else ""
         return f"Unknown image {name!r}{why}. Available: {listed}{tail}"
 
@@ -144,6 +157,11 @@ class ImageStore:
     # ------------------------------------------------------------ a directory
     def _directory(self, name: str) -> Image:
         path = os.path.realpath(name)
+        if not any(_is_under(path, root) and path != root for root in self.roots):
+            allowed = ", ".join(self.roots) or "none (set ORCHARD_IMAGE_ROOTS)"
+            raise RequestError(f"Directory image {name!r} is not under an allowed image root: {allowed}")
+        if any(_is_under(path, h) for h in self.hidden):
+            raise RequestError(f"Image {name!r} would expose the host or the service's state; use 'host'")
         if not os.path.isdir(path) or not any(os.path.isdir(os.path.join(path, d)) for d in ("bin", "usr")):
             raise NotFoundError(self._unknown(name, ": not a directory holding a root filesystem (bin or usr)"))
         if _is_under(path, str(self.state_dir)) or any(_is_under(h, path) for h in self.hidden):
@@ -378,6 +396,7 @@ class ImageStore:
             return 0
         dest = version / escape(mountpoint)
         _cp_a(upper, str(dest))
+        _strip_setid(dest)
         layers[mountpoint] = [str(dest), *layers.get(mountpoint, [])]
         return _tree_size(dest)
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import uuid
 from contextlib import asynccontextmanager
 from typing import Optional
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
 
 from orchard import __version__, errors
 from orchard.env.backends.base import Backend
@@ -55,6 +57,12 @@ def create_app(settings: Optional[Settings] = None, backend: Optional[Backend] =
 
 
 def _install_errors(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        detail = [{k: v for k, v in err.items() if k in ("type", "loc", "msg")} for err in exc.errors()]
+        body = json.dumps({"detail": detail, "error": "RequestError"}, ensure_ascii=True, default=repr)
+        return Response(body, 422, media_type="application/json")     # never echoes input that cannot encode
+
     @app.exception_handler(errors.OrchardError)
     async def orchard_error(request: Request, exc: errors.OrchardError) -> JSONResponse:
         headers = {"Retry-After": str(int(exc.retry_after or 1))} if exc.status_code == 503 else None
@@ -80,22 +88,31 @@ class RequestLimits:
         declared = _header(scope, b"content-length")
         if declared and declared.isdigit() and int(declared) > self.max_body:
             return await _too_large(send, rid, self.max_body)
-        seen = 0
+        state = {"seen": 0, "too_big": False, "started": False}
 
         async def limited_receive():
-            nonlocal seen
             message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.max_body:
-                raise errors.PayloadTooLargeError(f"Request body exceeds {self.max_body} bytes")
+            state["seen"] += len(message.get("body", b""))
+            if state["seen"] > self.max_body:          # a chunked body past the limit: the app sees a disconnect
+                state["too_big"] = True
+                return {"type": "http.disconnect"}
             return message
 
         async def send_with_id(message):
+            if state["too_big"]:
+                return
             if message["type"] == "http.response.start":
+                state["started"] = True
                 message["headers"] = list(message.get("headers", [])) + [(b"x-request-id", rid)]
             await send(message)
 
-        await self.app(scope, limited_receive, send_with_id)
+        try:
+            await self.app(scope, limited_receive, send_with_id)
+        except Exception:
+            if not state["too_big"]:
+                raise
+        if state["too_big"] and not state["started"]:
+            await _too_large(send, rid, self.max_body)
 
 
 def _header(scope, name: bytes) -> Optional[bytes]:

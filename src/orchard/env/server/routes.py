@@ -134,9 +134,7 @@ async def apply_patch(sandbox_id: str, body: ApplyPatchRequest, request: Request
 
 @router.post("/sandboxes/{sandbox_id}/snapshot", response_model=SnapshotResponse)
 async def snapshot(sandbox_id: str, body: SnapshotRequest, request: Request, who: Caller = Auth) -> SnapshotResponse:
-    c = core(request)
-    await c.sandboxes.get_ready(sandbox_id, who)
-    size = await c.backend.snapshot(sandbox_id, body.image)
+    size = await core(request).sandboxes.snapshot(sandbox_id, body.image, who)
     return SnapshotResponse(image=body.image, sandbox_id=sandbox_id, size=size)
 
 

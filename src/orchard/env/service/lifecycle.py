@@ -113,7 +113,8 @@ def spec_of(record: SandboxRecord) -> SandboxSpec:
         port, target = record.model_endpoint
         host, _, hport = target.rpartition(":")
         endpoint = (port, host.strip("[]"), int(hport))
-    return SandboxSpec(sandbox_id=record.sandbox_id, image=record.image, block_network=record.block_network,
+    return SandboxSpec(sandbox_id=record.sandbox_id, image=record.backend_image or record.image,
+                       block_network=record.block_network,
                        cpu=parse_cpu(record.cpu) if record.cpu else None,
                        memory=parse_memory(record.memory) if record.memory else None,
                        model_endpoint=endpoint, created_at=record.created_at)

@@ -18,6 +18,7 @@ class SandboxRecord(BaseModel):
     owner: str                       # hash of the creating key ("" without auth)
     namespace: str
     image: str
+    backend_image: Optional[str] = None   # what the backend resolves (a caller's snapshot is owner-qualified)
     block_network: bool = True
     cpu: Optional[str] = None
     memory: Optional[str] = None

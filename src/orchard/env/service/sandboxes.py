@@ -20,6 +20,13 @@ from orchard.env.service.waits import Waiters
 from orchard.env.settings import Settings
 
 log = logging.getLogger("orchard.env")
+
+
+def snapshot_ref(owner: str, image: str) -> str:
+    """The backend's name for an owner's snapshot ('@' never starts a name a caller may send)."""
+    return f"@{owner or 'anonymous'}/{image}"
+
+
 SETTLED = ("ready", "failed", "unschedulable", "not_found")
 
 
@@ -40,6 +47,7 @@ class SandboxManager:
         """Validate, admit, record as pending and start the backend in the background."""
         spec = self._spec(req)
         self._admit()
+        spec.image = await self.backend_image(req.image, caller)
         record = self._record(req, spec, caller)
         if not await self.store.put_sandbox(record, create=True) or spec.sandbox_id in self._deleting:
             raise errors.ConflictError(f"Sandbox {spec.sandbox_id} already exists")
@@ -71,6 +79,23 @@ class SandboxManager:
         return SandboxSpec(sandbox_id=sid, image=req.image, block_network=req.block_network, cpu=cpu,
                            memory=memory, pids=s.default_pids, disk=disk, model_endpoint=endpoint, created_at=time.time())
 
+    async def backend_image(self, image: str, caller: Caller) -> str:
+        """A caller's own snapshot resolves to its owner-qualified name; anything else passes through."""
+        if image in await self.store.list_images(caller.owner):
+            return snapshot_ref(caller.owner, image)
+        return image
+
+    async def snapshot(self, sandbox_id: str, image: str, caller: Caller) -> int:
+        """Freeze the sandbox into an image only its owner can start (and replace)."""
+        record = await self.get_ready(sandbox_id, caller)
+        size = await self.backend.snapshot(sandbox_id, snapshot_ref(record.owner, image))
+        await self.store.put_image(record.owner, image)
+        return size
+
+    async def images_of(self, owner: str) -> list[str]:
+        """The snapshot images an owner may start."""
+        return await self.store.list_images(owner)
+
     def _admit(self) -> None:
         if self.live_count >= self.settings.max_sandboxes:
             self.metrics.rejected.labels("max_sandboxes").inc()
@@ -87,7 +112,8 @@ class SandboxManager:
             sandbox_id=spec.sandbox_id, owner=caller.owner, namespace=s.namespace, image=req.image,
             block_network=req.block_network, cpu=req.cpu or s.default_cpu, memory=req.memory or s.default_memory,
             timeout=req.timeout or s.ready_timeout, created_at=spec.created_at,
-            expires_at=spec.created_at + ttl, ttl_seconds=ttl, model_endpoint=endpoint)
+            expires_at=spec.created_at + ttl, ttl_seconds=ttl, model_endpoint=endpoint,
+            backend_image=spec.image if spec.image != req.image else None)
 
     async def _start(self, record: SandboxRecord, spec: SandboxSpec) -> None:
         sid = spec.sandbox_id
@@ -96,6 +122,9 @@ class SandboxManager:
             status, message = "ready", None
         except asyncio.TimeoutError:
             status, message = "failed", f"Sandbox did not start within {record.timeout}s"
+        except errors.NotFoundError as e:
+            mine = ", ".join(await self.images_of(record.owner)) or "none"
+            status, message = "failed", f"{e.detail} (your snapshots: {mine})"
         except errors.OrchardError as e:
             status, message = "failed", e.detail
         except Exception as e:  # a backend bug must not leave the sandbox pending forever

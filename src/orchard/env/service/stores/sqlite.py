@@ -18,6 +18,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (id TEXT PRIMARY KEY, owner TEXT NOT NULL, 
 CREATE TABLE IF NOT EXISTS jobs (
   id TEXT PRIMARY KEY, sandbox_id TEXT NOT NULL, status TEXT NOT NULL, idem TEXT,
   completed_at REAL, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS images (owner TEXT NOT NULL, name TEXT NOT NULL, PRIMARY KEY (owner, name));
 CREATE INDEX IF NOT EXISTS jobs_unfinished ON jobs(status) WHERE status IN ('queued', 'running');
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_idem ON jobs(sandbox_id, idem) WHERE idem IS NOT NULL;
 """
@@ -70,6 +71,12 @@ class SqliteStore:
 
     async def delete_sandbox(self, sandbox_id: str) -> None:
         self.db.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
+
+    async def put_image(self, owner: str, name: str) -> None:
+        self.db.execute("INSERT OR IGNORE INTO images (owner, name) VALUES (?, ?)", (owner, name))
+
+    async def list_images(self, owner: str) -> list[str]:
+        return [r[0] for r in self.db.execute("SELECT name FROM images WHERE owner = ? ORDER BY name", (owner,))]
 
     async def put_job(self, job: JobRecord) -> None:
         args = (job.job_id, job.sandbox_id, job.status, job.idempotency_key, job.completed_at, job.model_dump_json())
