@@ -39,7 +39,7 @@ def live_records(state_dir: Path) -> dict[str, str]:
     return dict(rows)
 
 
-def find_leaks(state_dir: Path, owned_only: bool = False) -> list[Leak]:
+def find_leaks(state_dir: Path) -> list[Leak]:
     """Every sandbox id the backend still holds that has no pending/ready record.
 
     A failed record keeps nothing alive: anything still held for it is a leak too."""
@@ -51,9 +51,19 @@ def find_leaks(state_dir: Path, owned_only: bool = False) -> list[Leak]:
         if status in ("pending", "ready"):
             continue
         why = "no record" if status is None else f"record is {status}"
-        if kinds and not (owned_only and status is None):
+        if kinds:
             leaks.append(Leak(sid, sorted(kinds), why))
     return leaks
+
+
+def settled_leaks(state_dir: Path, settle: float = 30.0) -> list[str]:
+    """Leaks once background teardown had up to `settle` seconds to finish (deletes answer before it ends)."""
+    deadline = time.monotonic() + settle
+    while True:
+        leaks = [leak.describe() for leak in find_leaks(state_dir)]
+        if not leaks or time.monotonic() > deadline:
+            return leaks
+        time.sleep(0.2)
 
 
 async def remove_leaks(state_dir: Path, leaks: list[Leak]) -> None:

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 import httpx
 
-from orchard.env.doctor import find_leaks
+from orchard.env.doctor import settled_leaks
 from orchard.env.runner import ServiceProcess
 
 FAST = {"ORCHARD_RECONCILE_INTERVAL": "0.5", "ORCHARD_RECONCILE_MIN_AGE": "0"}
@@ -35,14 +35,8 @@ def _create(http: httpx.Client, n: int, **body) -> list[str]:
     return ids
 
 
-def _leaks(svc: ServiceProcess, settle: float = 5.0) -> list[str]:
-    """Leaks after giving background teardown a moment."""
-    deadline = time.monotonic() + settle
-    while True:
-        leaks = [leak.describe() for leak in find_leaks(svc.state_dir)]
-        if not leaks or time.monotonic() > deadline:
-            return leaks
-        time.sleep(0.2)
+def _leaks(svc: ServiceProcess, settle: float = 10.0) -> list[str]:
+    return settled_leaks(svc.state_dir, settle)
 
 
 def _delete_all(http: httpx.Client) -> None:

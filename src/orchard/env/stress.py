@@ -221,8 +221,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict:
 
 
 def _doctor(svc: ServiceProcess) -> list[str]:
-    from orchard.env.doctor import find_leaks
-    return [leak.describe() for leak in find_leaks(svc.state_dir, owned_only=False)]
+    from orchard.env.doctor import settled_leaks
+    return settled_leaks(svc.state_dir)
 
 
 def main(args: argparse.Namespace) -> int:

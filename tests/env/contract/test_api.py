@@ -69,6 +69,8 @@ def test_bad_quantities_are_422(http):
     assert http.post("/sandboxes", json={"image": IMAGE, "cpu": "lots"}).status_code == 422
     assert http.post("/sandboxes", json={"image": IMAGE, "memory": "-1Gi"}).status_code == 422
     assert http.post("/sandboxes", json={"image": IMAGE, "timeout": 0}).status_code == 422
+    assert http.post("/sandboxes", json={"image": IMAGE, "memory": "99999999999Ti"}).status_code == 422
+    assert http.post("/sandboxes", json={"image": IMAGE, "cpu": "100000"}).status_code == 422
 
 
 def test_unknown_image_fails_with_reason(client, http):

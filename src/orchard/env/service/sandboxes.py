@@ -66,6 +66,7 @@ class SandboxManager:
             disk = parse_memory(req.disk or s.default_disk)
         except ValueError as e:
             raise errors.RequestError(str(e), status_code=422) from e
+        self._within_capacity(cpu, memory)
         endpoint = None
         if req.model_endpoint is not None:
             target = s.resolved_forward(req.model_endpoint.target)
@@ -78,6 +79,13 @@ class SandboxManager:
         sid = req.sandbox_id or uuid.uuid4().hex[:12]
         return SandboxSpec(sandbox_id=sid, image=req.image, block_network=req.block_network, cpu=cpu,
                            memory=memory, pids=s.default_pids, disk=disk, model_endpoint=endpoint, created_at=time.time())
+
+    def _within_capacity(self, cpu: float, memory: int) -> None:
+        cores, total = self.backend.capacity()
+        if cpu > cores or memory > total:
+            raise errors.RequestError(
+                f"Asked for {cpu:g} cores and {memory} bytes; this service has {cores:g} cores and {total} bytes",
+                status_code=422)
 
     async def backend_image(self, image: str, caller: Caller) -> str:
         """A caller's own snapshot resolves to its owner-qualified name; anything else passes through."""
