@@ -312,6 +312,12 @@ class Cgroups:
         limits = [os.path.join(x, "cgroup.procs") for x in self._dirs(sandbox_id)[:-1]]
         return limits + [os.path.join(d, "cgroup.procs")]
 
+    def job_plan(self, sandbox_id: str, job: str) -> tuple[list[str], str]:
+        """(the sandbox's cgroup.procs files, the job group to create): for a helper that makes it itself."""
+        self._require()
+        limits = [os.path.join(x, "cgroup.procs") for x in self._dirs(sandbox_id)[:-1]]
+        return limits, self._job_dir(sandbox_id, job)
+
     def kill_job(self, sandbox_id: str, job: str) -> None:
         """Kill every process of one job group (its whole process tree)."""
         self._require()

@@ -125,7 +125,7 @@ class LocalBackend:
         meta = Meta(sandbox_id=spec.sandbox_id, pid=pid, start_time=_start_time(pid), image=spec.image,
                     workdir=image.workdir, env={**DEFAULT_ENV, **image.env}, created_at=spec.created_at,
                     mounts=list(image.layers), cgroup_procs=procs, has_bash=_has_bash(pid), ip=ip)
-        _write_meta(home, meta)
+        await asyncio.to_thread(_write_meta, home, meta)
         self._track(meta)
         await self._forward(spec)
 
@@ -288,18 +288,27 @@ class LocalBackend:
     async def exec(self, sandbox_id: str, spec: ExecSpec) -> ExecOutcome:
         meta = self._meta(sandbox_id)
         job = uuid.uuid4().hex[:12]
-        procs = self.cgroups.job(sandbox_id, job) if self.cgroups.available else []
         try:
-            return await run_helper(self._enter(meta, spec.cwd, procs, spec.argv), self._env(meta, spec.env),
-                                    spec, kill_tree=lambda: self._kill_job(sandbox_id, job))
+            return await run_helper(self._enter(meta, spec.cwd, self._job_flags(sandbox_id, job), spec.argv),
+                                    self._env(meta, spec.env), spec, kill_tree=lambda: self._kill_job(sandbox_id, job))
         finally:
-            if procs:
-                self.cgroups.remove_job(sandbox_id, job)
+            self._forget_job(sandbox_id, job)
 
-    def _enter(self, meta: Meta, cwd: Optional[str], procs: list[str], argv: list[str]) -> list[str]:
+    def _job_flags(self, sandbox_id: str, job: str) -> list[str]:
+        """The helper joins the sandbox's groups and creates the job's own (tree-kill) group itself."""
+        if not self.cgroups.available:
+            return []
+        limits, job_dir = self.cgroups.job_plan(sandbox_id, job)
+        return [*_flags("--cgroup", limits), "--cgroup-new", job_dir]
+
+    def _forget_job(self, sandbox_id: str, job: str) -> None:
+        if self.cgroups.available:      # an rmdir in cgroupfs may sleep: not on the event loop
+            asyncio.get_running_loop().run_in_executor(None, self.cgroups.remove_job, sandbox_id, job)
+
+    def _enter(self, meta: Meta, cwd: Optional[str], flags: list[str], argv: list[str]) -> list[str]:
         if argv[0] == "bash" and not meta.has_bash:
             argv = ["sh"] + ["-l" if arg == "--login" else arg for arg in argv[1:]]
-        return [self.helper, "enter", str(meta.pid), cwd or meta.workdir, *_flags("--cgroup", procs), "--", *argv]
+        return [self.helper, "enter", str(meta.pid), cwd or meta.workdir, *flags, "--", *argv]
 
     async def _kill_job(self, sandbox_id: str, job: str) -> None:
         if self.cgroups.available:
@@ -309,9 +318,13 @@ class LocalBackend:
                        rows: int, cols: int) -> PtyHandle:
         meta = self._meta(sandbox_id)
         job = uuid.uuid4().hex[:12]
-        procs = self.cgroups.job(sandbox_id, job) if self.cgroups.available else []
-        kill = lambda: self._kill_job(sandbox_id, job)  # noqa: E731
-        return await PtyHandle.start(self._enter(meta, cwd, procs, argv), self._env(meta, env), rows, cols, kill)
+
+        async def end() -> None:
+            await self._kill_job(sandbox_id, job)
+            self._forget_job(sandbox_id, job)
+
+        argv = self._enter(meta, cwd, self._job_flags(sandbox_id, job), argv)
+        return await PtyHandle.start(argv, self._env(meta, env), rows, cols, end)
 
     # ------------------------------------------------------------ files
     def _fs(self, sandbox_id: str) -> SandboxFS:
@@ -331,7 +344,7 @@ class LocalBackend:
     async def _file_op(self, sandbox_id: str, args: list[str], data: Optional[bytes], limit: int):
         """Files move through the helper run *inside* the sandbox: its view, its user, its cgroups."""
         meta = self._meta(sandbox_id)
-        argv = self._enter(meta, "/", meta.cgroup_procs, [f"/proc/self/fd/{self._helper_fd}", *args])
+        argv = self._enter(meta, "/", _flags("--cgroup", meta.cgroup_procs), [f"/proc/self/fd/{self._helper_fd}", *args])
         return await run_file_op(argv, self._env(meta, {}), data, limit, self._helper_fd)
 
     async def list_dir(self, sandbox_id: str, path: str) -> list[FileEntry]:

@@ -6,7 +6,7 @@
  *   orchard-sandbox init [READY_FD]
  *       pid 1 of a sandbox: say "ready" on READY_FD (the sandbox is fully set up once it runs),
  *       then reap children, otherwise sleep.
- *   orchard-sandbox enter PID CWD [--status-fd N] [--cgroup PROCS]... -- CMD...
+ *   orchard-sandbox enter PID CWD [--status-fd N] [--cgroup PROCS]... [--cgroup-new DIR] -- CMD...
  *       join cgroups and the namespaces and root of sandbox init PID, fork, and in the child drop
  *       every capability, set no_new_privs, start a new session, chdir CWD and exec CMD.
  *       A seccomp filter then forbids new user namespaces (root-in-a-userns could mount cgroupfs and
@@ -76,6 +76,14 @@ static int parse(int argc, char **argv, char **overlays, int *noverlay) {
   while (i < argc && strcmp(argv[i], "--") != 0) {
     if (strcmp(argv[i], "--cgroup") == 0 && i + 1 < argc) {
       if (join_cgroup(argv[i + 1]) < 0) { fail("join cgroup", argv[i + 1]); return -1; }
+      i += 2;
+    } else if (strcmp(argv[i], "--cgroup-new") == 0 && i + 1 < argc) {
+      char procs[4096];
+      snprintf(procs, sizeof procs, "%s/cgroup.procs", argv[i + 1]);
+      if ((mkdir(argv[i + 1], 0755) < 0 && errno != EEXIST) || join_cgroup(procs) < 0) {
+        fail("join new cgroup", argv[i + 1]);
+        return -1;
+      }
       i += 2;
     } else if (strcmp(argv[i], "--status-fd") == 0 && i + 1 < argc) {
       status_fd = atoi(argv[i + 1]);

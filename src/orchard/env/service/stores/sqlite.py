@@ -1,7 +1,9 @@
 """Embedded SQLite store: records and job results survive a restart (WAL, one file under the state dir).
 
 Queries are tiny and run inline on the event loop: a thread hop would cost more than the
-query. Large job outputs are written through ``asyncio.to_thread``.
+query. What may block on the disk leaves the loop: large job outputs are written through
+``asyncio.to_thread``, and WAL checkpoints (the only fsyncs) run in a background thread.
+Sandbox records are also kept in memory (this process is the file's only writer).
 """
 
 from __future__ import annotations
@@ -32,19 +34,41 @@ class SqliteStore:
         self.path = Path(path)
         self._db: Optional[sqlite3.Connection] = None
         self._lock = asyncio.Lock()
+        self._records: dict[str, SandboxRecord] = {}
+        self._checkpoints: Optional[asyncio.Task] = None
 
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA wal_autocheckpoint=0")
         db.executescript(_SCHEMA)
         self._db = db
+        self._records = {r.sandbox_id: r for r in await self._load_sandboxes()}
+        self._checkpoints = asyncio.create_task(self._checkpoint_loop())
 
     async def close(self) -> None:
+        if self._checkpoints is not None:
+            self._checkpoints.cancel()
+            await asyncio.gather(self._checkpoints, return_exceptions=True)
         if self._db is not None:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             self._db.close()
             self._db = None
+
+    async def _checkpoint_loop(self, period: float = 2.0) -> None:
+        while True:
+            await asyncio.sleep(period)
+            await asyncio.to_thread(self._checkpoint)
+
+    def _checkpoint(self) -> None:
+        with sqlite3.connect(self.path, timeout=30) as db:
+            db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+    async def _load_sandboxes(self) -> list[SandboxRecord]:
+        rows = self.db.execute("SELECT data FROM sandboxes ORDER BY id").fetchall()
+        return [SandboxRecord.model_validate_json(r[0]) for r in rows]
 
     @property
     def db(self) -> sqlite3.Connection:
@@ -56,21 +80,20 @@ class SqliteStore:
         verb = "INSERT OR IGNORE" if create else "INSERT OR REPLACE"
         cur = self.db.execute(f"{verb} INTO sandboxes (id, owner, data) VALUES (?, ?, ?)",
                               (record.sandbox_id, record.owner, record.model_dump_json()))
+        if cur.rowcount == 1:
+            self._records[record.sandbox_id] = record.model_copy()
         return cur.rowcount == 1
 
     async def get_sandbox(self, sandbox_id: str) -> Optional[SandboxRecord]:
-        row = self.db.execute("SELECT data FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
-        return SandboxRecord.model_validate_json(row[0]) if row else None
+        record = self._records.get(sandbox_id)
+        return record.model_copy() if record is not None else None    # callers change what they get
 
     async def list_sandboxes(self, owner: Optional[str] = None) -> list[SandboxRecord]:
-        if owner is None:
-            rows = self.db.execute("SELECT data FROM sandboxes ORDER BY id").fetchall()
-        else:
-            rows = self.db.execute("SELECT data FROM sandboxes WHERE owner = ? ORDER BY id", (owner,)).fetchall()
-        return [SandboxRecord.model_validate_json(r[0]) for r in rows]
+        return [r.model_copy() for _, r in sorted(self._records.items()) if owner is None or r.owner == owner]
 
     async def delete_sandbox(self, sandbox_id: str) -> None:
         self.db.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
+        self._records.pop(sandbox_id, None)
 
     async def put_image(self, owner: str, name: str) -> None:
         self.db.execute("INSERT OR IGNORE INTO images (owner, name) VALUES (?, ?)", (owner, name))
