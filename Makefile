@@ -2,7 +2,7 @@
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
-APT_PKGS := bubblewrap gcc libc6-dev git iproute2 util-linux podman runc busybox-static
+APT_PKGS := bubblewrap gcc libc6-dev git iproute2 util-linux podman runc busybox-static redis-server
 
 .PHONY: install apt venv demo test test-slow bench stress report doctor clean
 

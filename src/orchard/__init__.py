@@ -22,6 +22,7 @@ from orchard.errors import (
     SandboxNotFoundError,
     SandboxTimeoutError,
     ServerError,
+    StoreUnavailableError,
 )
 
 __version__ = "0.1.0"
@@ -46,4 +47,5 @@ __all__ = [
     "SandboxNotFoundError",
     "SandboxTimeoutError",
     "ServerError",
+    "StoreUnavailableError",
 ]

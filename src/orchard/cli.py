@@ -16,6 +16,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     overrides = {k: v for k, v in {
         "host": args.host, "port": args.port, "backend": args.backend, "state_dir": args.state_dir,
+        "store": args.store, "redis_url": args.redis_url, "replica_id": args.replica_id,
         "api_keys": args.api_key or None, "admin_keys": args.admin_key or None,
         "no_auth": True if args.no_auth else None}.items() if v is not None}
     settings = Settings(**overrides)
@@ -69,8 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve = env.add_parser("serve", help="run the service (every flag also reads ORCHARD_<NAME>)")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
-    serve.add_argument("--backend", choices=["local"])
+    serve.add_argument("--backend", choices=["local", "container"])
     serve.add_argument("--state-dir")
+    serve.add_argument("--store", choices=["sqlite", "redis"], help="sqlite (default, one replica) or redis (several)")
+    serve.add_argument("--redis-url", help="redis://host:port/db of the shared store (with --store redis)")
+    serve.add_argument("--replica-id", help="this replica's name among replicas (default hostname-pid)")
     serve.add_argument("--api-key", action="append", help="accepted key (repeatable)")
     serve.add_argument("--admin-key", action="append", help="key that sees every sandbox (repeatable)")
     serve.add_argument("--no-auth", action="store_true", help="accept requests without a key")
@@ -84,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--execs-per-sandbox", type=int, default=4)
     bench.add_argument("--concurrency", type=int, default=64)
     bench.add_argument("--image", default="host")
+    bench.add_argument("--backend", choices=["local", "container"], default="local",
+                       help="container: exec latency of the container backend's fast and API paths vs podman exec")
+    bench.add_argument("--docker-host", help="with --backend container: an engine socket (default: start a Podman API service)")
     bench.add_argument("--latency-samples", type=int, default=200, help="sequential `true` execs for round-trip latency")
     bench.add_argument("--no-baseline", action="store_true", help="skip the podman exec baseline")
     bench.add_argument("--json", action="store_true", help="print one JSON object")

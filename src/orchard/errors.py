@@ -13,6 +13,7 @@
     │   └── SandboxTimeoutError     it did not become ready in time (408)
     ├── BackendError            the backend (bubblewrap, Podman, Kubernetes) failed (500)
     ├── OverloadedError         transient overload, safe to retry (503, Retry-After)
+    │   └── StoreUnavailableError   the shared state store (Redis) cannot be reached
     └── ServerError             anything else the server reports (5xx)
 
 Errors cross HTTP as ``{"detail": str, "error": ClassName}`` and the SDK re-raises
@@ -83,6 +84,10 @@ class OverloadedError(OrchardError):
     status_code = 503
 
 
+class StoreUnavailableError(OverloadedError):
+    """The service's state store cannot be reached; nothing was changed, retry shortly."""
+
+
 class ServerError(OrchardError):
     status_code = 500
 
@@ -90,7 +95,7 @@ class ServerError(OrchardError):
 _BY_NAME = {cls.__name__: cls for cls in (
     OrchardError, RequestError, PayloadTooLargeError, AuthError, ForbiddenError, NotFoundError,
     SandboxNotFoundError, ConflictError, SandboxError, SandboxFailedError, SandboxTimeoutError,
-    BackendError, OverloadedError, ServerError,
+    BackendError, OverloadedError, StoreUnavailableError, ServerError,
 )}
 _BY_STATUS = {400: RequestError, 401: AuthError, 403: ForbiddenError, 404: NotFoundError,
               408: SandboxTimeoutError, 409: ConflictError, 413: PayloadTooLargeError,

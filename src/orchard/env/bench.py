@@ -147,6 +147,9 @@ def _ratio(a: float, b: float) -> float:
 
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "backend", "local") == "container":
+        from orchard.env.bench_container import main as container_main
+        return container_main(args)
     with ExitStack() as stack:
         url, service = args.url, None
         if not url:

@@ -1,12 +1,14 @@
-"""Run Podman with the project's settings, and build small local OCI images (no registry needed)."""
+"""Run Podman with the project's settings (CLI and API service), and build small local OCI images (no registry needed)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -58,3 +60,54 @@ def _add_rootfs(tar: tarfile.TarFile, busybox: Path) -> None:
         link = tarfile.TarInfo(f"bin/{tool}")
         link.type, link.linkname = tarfile.SYMTYPE, "busybox"
         tar.addfile(link)
+
+
+class PodmanService:
+    """`podman system service` answering the Docker Engine API on a unix socket, while the context lasts."""
+
+    def __init__(self, socket_path: str, log_path: Optional[str] = None):
+        self.socket_path = socket_path
+        self.url = f"unix://{socket_path}"
+        self.log_path = log_path or f"{socket_path}.log"
+        self.proc: Optional[subprocess.Popen] = None
+
+    def start(self, timeout: float = 30.0) -> "PodmanService":
+        """Launch and wait until the API answers /_ping."""
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(["podman", "system", "service", "--time=0", self.url], env=podman_env(),
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while not self._answers():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"podman system service did not start: {Path(self.log_path).read_text()[-2000:]}")
+            time.sleep(0.05)
+        return self
+
+    def _answers(self) -> bool:
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(2)
+                s.connect(self.socket_path)
+                s.sendall(b"GET /_ping HTTP/1.0\r\nHost: podman\r\n\r\n")
+                return s.recv(64).startswith(b"HTTP/1.")
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        """SIGTERM (containers keep running: they belong to the storage, not to the service)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if os.path.exists(self.socket_path):
+            os.unlink(self.socket_path)
+
+    def __enter__(self) -> "PodmanService":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

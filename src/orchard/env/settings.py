@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from typing_extensions import Annotated
+
+
+def _replica_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 def _split(value: object) -> object:
@@ -23,9 +29,17 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8080, ge=0, le=65535, description="Port to listen on.")
-    backend: Literal["local"] = Field("local", description="Where sandboxes run.")
+    backend: Literal["local", "container"] = Field("local", description="Where sandboxes run: local (bubblewrap) or container (Docker API).")
     state_dir: Path = Field(Path("/var/lib/orchard"), description="SQLite state, images and sandbox layers.")
     namespace: str = Field("orchard", description="Namespace name reported for sandboxes.")
+    store: Literal["sqlite", "redis"] = Field(
+        "sqlite", description="Where state lives: sqlite (embedded, one replica) or redis (several replicas share it).")
+    redis_url: Optional[str] = Field(None, description="redis://host:port/db of the shared store (store=redis).")
+    redis_prefix: str = Field("orchard", min_length=1, description="Prefix of every Redis key (several deployments may share one Redis).")
+    replica_id: str = Field(default_factory=_replica_id, min_length=1,
+                            description="This replica's name among replicas (default hostname-pid; a stable name lets a restart fail its own interrupted jobs at once).")
+    lease_seconds: float = Field(
+        10.0, gt=0, description="Heartbeat and exec-lock lease of a replica (store=redis): a dead replica frees its sandboxes and has its jobs failed after about this long.")
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Accepted X-API-Key values.")
     admin_keys: Annotated[list[str], NoDecode] = Field(default_factory=list, description="Keys that see every sandbox.")
     no_auth: bool = Field(False, description="Accept requests without a key (local use only).")
@@ -65,7 +79,17 @@ class Settings(BaseSettings):
         default_factory=list, description="Host endpoints 'host:port' that model_endpoint may name.")
     network_bridge: Optional[str] = Field(None, description="Bridge of networked sandboxes (default: derived from the state dir).")
     network_subnet: Optional[str] = Field(None, description="IPv4 /16 of networked sandboxes (default: 10.X.0.0/16 derived from the state dir).")
+    docker_host: str = Field("unix:///var/run/docker.sock",
+                             description="Docker Engine API of the container backend (Docker, or Podman's compatible socket).")
+    container_exec: Literal["auto", "api"] = Field(
+        "auto", description="Container backend: auto enters containers with the helper when the engine runs on this host; api always uses the engine API.")
     cgroups_required: bool = Field(True, description="Fail sandbox creation when cgroup limits cannot be applied.")
+
+    @model_validator(mode="after")
+    def _redis_needs_url(self) -> "Settings":
+        if self.store == "redis" and not self.redis_url:
+            raise ValueError("store=redis needs redis_url (ORCHARD_REDIS_URL or --redis-url)")
+        return self
 
     @field_validator("api_keys", "admin_keys", "forward_allowlist", "image_roots", mode="before")
     @classmethod

@@ -278,8 +278,12 @@ class LocalBackend:
     # ------------------------------------------------------------ exec
     def _meta(self, sandbox_id: str) -> Meta:
         meta = self._live.get(sandbox_id)
-        if meta is None:
-            raise errors.SandboxNotFoundError(f"Sandbox {sandbox_id} is not running on this host")
+        if meta is None or (sandbox_id not in self._watch and not _alive(meta)):
+            # another service on this state dir (a replica) started it, or deleted and started it again
+            meta = _read_meta(self.root / sandbox_id)
+            if meta is None or not _alive(meta):
+                raise errors.SandboxNotFoundError(f"Sandbox {sandbox_id} is not running on this host")
+            self._live[sandbox_id] = meta
         return meta
 
     def _env(self, meta: Meta, extra: dict[str, str]) -> dict[str, str]:

@@ -26,15 +26,26 @@ log = logging.getLogger("orchard.env")
 
 def make_backend(settings: Settings) -> Backend:
     """The backend named by settings."""
+    if settings.backend == "container":
+        from orchard.env.backends.container import ContainerBackend
+        return ContainerBackend(settings)
     from orchard.env.backends.local import LocalBackend
     return LocalBackend(settings)
+
+
+def make_store(settings: Settings) -> Store:
+    """The store named by settings: embedded SQLite, or Redis shared by several replicas."""
+    if settings.store == "redis":
+        from orchard.env.service.stores.redis import RedisStore
+        return RedisStore(settings.redis_url, prefix=settings.redis_prefix, job_ttl=settings.job_retention_seconds)
+    return SqliteStore(settings.sqlite_path())
 
 
 def create_app(settings: Optional[Settings] = None, backend: Optional[Backend] = None,
                store: Optional[Store] = None) -> FastAPI:
     """The Orchard Env ASGI app; long-lived resources live in its lifespan."""
     settings = settings or Settings()
-    core = EnvCore(settings, backend or make_backend(settings), store or SqliteStore(settings.sqlite_path()))
+    core = EnvCore(settings, backend or make_backend(settings), store or make_store(settings))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -1,4 +1,4 @@
-"""Background lifecycle: restart recovery, TTL, heartbeat and pending timeouts, reconciliation."""
+"""Background lifecycle: restart recovery, TTL, heartbeat and pending timeouts, reconciliation, replica liveness."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 
+from orchard import errors
 from orchard.env.backends.base import Backend, SandboxSpec
 from orchard.env.quantities import parse_cpu, parse_memory
 from orchard.env.service.callers import ANONYMOUS
@@ -23,11 +24,17 @@ class Lifecycle:
     def __init__(self, settings: Settings, backend: Backend, sandboxes: SandboxManager, jobs: JobRunner):
         self.settings, self.backend, self.sandboxes, self.jobs = settings, backend, sandboxes, jobs
         self._task: asyncio.Task | None = None
+        self._beats: asyncio.Task | None = None
+
+    @property
+    def store(self):
+        return self.sandboxes.store
 
     async def recover(self) -> None:
         """After a (re)start: fail interrupted jobs, re-adopt live sandboxes, fail lost ones."""
+        await self.store.beat(self.settings.replica_id, self.settings.lease_seconds)
         failed = await self.jobs.fail_interrupted()
-        records = await self.sandboxes.store.list_sandboxes()
+        records = await self.store.list_sandboxes()
         self.sandboxes.live_count = len(records)
         adopted = 0
         for record in records:
@@ -36,7 +43,7 @@ class Lifecycle:
                  adopted, len(records), failed)
 
     async def _recover_one(self, record: SandboxRecord) -> int:
-        if record.status == "pending":
+        if record.status == "pending" and self._mine(record):
             await self.backend.delete(record.sandbox_id)
             await self._fail(record, "The service restarted while the sandbox was starting")
         elif record.status == "ready":
@@ -45,38 +52,64 @@ class Lifecycle:
             await self._fail(record, "The sandbox was gone after the service restarted")
         return 0
 
+    def _mine(self, record: SandboxRecord) -> bool:
+        """Another live replica may be starting a shared store's pending sandbox: leave it to the pending timeout."""
+        return not self.store.shared or record.replica == self.settings.replica_id
+
     async def _fail(self, record: SandboxRecord, message: str) -> None:
-        record.status, record.status_message = "failed", message
-        await self.sandboxes.store.put_sandbox(record)
+        await self.store.update_sandbox(record.sandbox_id, status="failed", status_message=message)
 
     def start(self) -> None:
-        """Run passes in the background until stop()."""
+        """Run passes in the background until stop(); with a shared store, also heartbeats and the dead-replica sweep."""
         self._task = asyncio.create_task(self._loop())
+        if self.store.shared:
+            self._beats = asyncio.create_task(self._beat_loop())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in (self._task, self._beats):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    async def _beat_loop(self) -> None:
+        """Renew this replica's heartbeat a few times per lease and fail the jobs of replicas that died."""
+        while True:
+            try:
+                await self.store.beat(self.settings.replica_id, self.settings.lease_seconds)
+                await self.jobs.fail_orphans()
+            except errors.StoreUnavailableError as e:
+                log.warning("heartbeat skipped: %s", e.detail)
+            except Exception:
+                log.exception("heartbeat or dead-replica sweep failed")
+            await asyncio.sleep(self.settings.lease_seconds / 3)
 
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.reconcile_interval)
             try:
                 await self.run_once()
+            except errors.StoreUnavailableError as e:
+                log.warning("lifecycle pass cut short: %s", e.detail)
             except Exception:
                 log.exception("lifecycle pass failed")
 
     async def run_once(self) -> None:
         """One pass: expire, time out, reconcile, prune old jobs."""
         now = time.time()
-        records = await self.sandboxes.store.list_sandboxes()
+        try:
+            records = await self.store.list_sandboxes()
+        except errors.StoreUnavailableError as e:      # never act on what we cannot see: nothing is deleted
+            log.warning("lifecycle pass skipped: %s", e.detail)
+            return
+        if self.store.shared:                          # other replicas create and delete too
+            self.sandboxes.live_count = len(records)
         for record in records:
             reason = self._expired(record, now)
             if reason:
                 log.info("deleting %s: %s", record.sandbox_id, reason)
                 await self.sandboxes.delete(record.sandbox_id, ANONYMOUS, reason=reason)
         await self.reconcile({r.sandbox_id: r for r in records}, now)
-        await self.sandboxes.store.prune_jobs(now - self.settings.job_retention_seconds)
+        await self.store.prune_jobs(now - self.settings.job_retention_seconds)
 
     def _expired(self, record: SandboxRecord, now: float) -> str:
         s = self.settings

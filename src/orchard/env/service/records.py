@@ -31,6 +31,7 @@ class SandboxRecord(BaseModel):
     ttl_seconds: int = 7200          # how far a heartbeat pushes expires_at
     last_heartbeat: Optional[float] = None
     model_endpoint: Optional[tuple[int, str]] = None   # (sandbox port, "host:port")
+    replica: Optional[str] = None    # the replica that started it (a shared store has several)
 
     def info(self) -> SandboxInfo:
         """The wire view of this record."""
@@ -62,6 +63,7 @@ class JobRecord(BaseModel):
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     idempotency_key: Optional[str] = None
+    replica: Optional[str] = None    # the replica that runs it: its death fails the job
 
     @property
     def finished(self) -> bool:
@@ -69,4 +71,4 @@ class JobRecord(BaseModel):
 
     def wire(self) -> Job:
         """The wire view of this record."""
-        return Job.model_validate(self.model_dump(exclude={"owner", "idempotency_key"}))
+        return Job.model_validate(self.model_dump(exclude={"owner", "idempotency_key", "replica"}))

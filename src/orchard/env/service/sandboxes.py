@@ -35,7 +35,6 @@ class SandboxManager:
 
     def __init__(self, settings: Settings, store: Store, backend: Backend, metrics: Metrics):
         self.settings, self.store, self.backend, self.metrics = settings, store, backend, metrics
-        self.waiters = Waiters()
         self._creating: dict[str, asyncio.Task] = {}
         self._deleting: dict[str, asyncio.Task] = {}
         self._start_gate = asyncio.Semaphore(settings.create_concurrency)
@@ -121,7 +120,7 @@ class SandboxManager:
             block_network=req.block_network, cpu=req.cpu or s.default_cpu, memory=req.memory or s.default_memory,
             timeout=req.timeout or s.ready_timeout, created_at=spec.created_at,
             expires_at=spec.created_at + ttl, ttl_seconds=ttl, model_endpoint=endpoint,
-            backend_image=spec.image if spec.image != req.image else None)
+            backend_image=spec.image if spec.image != req.image else None, replica=s.replica_id)
 
     async def _start(self, record: SandboxRecord, spec: SandboxSpec) -> None:
         sid = spec.sandbox_id
@@ -152,17 +151,17 @@ class SandboxManager:
         self.metrics.sandboxes_created.labels(status).inc()
         if status == "ready":
             self.metrics.create_seconds.observe(time.time() - spec.created_at)
-        current = await self.store.get_sandbox(spec.sandbox_id)
-        if current is None or spec.sandbox_id in self._deleting:   # deleted while starting
+        current = None
+        if spec.sandbox_id not in self._deleting:      # an update never brings a deleted record back
+            current = await self.store.update_sandbox(spec.sandbox_id, status=status, status_message=message,
+                                                      ready_at=time.time() if status == "ready" else None)
+        if current is None:                            # deleted while starting
             if status == "ready":
                 await self.backend.delete(spec.sandbox_id)
             return
         if status != "ready":
             asyncio.create_task(self.backend.delete(spec.sandbox_id))
-        current.status, current.status_message = status, message
-        current.ready_at = time.time() if status == "ready" else None
-        await self.store.put_sandbox(current)
-        self.waiters.notify(spec.sandbox_id)
+        await self.store.notify(f"sandbox:{spec.sandbox_id}")
 
     # ------------------------------------------------------------ read
     async def get(self, sandbox_id: str, caller: Caller) -> SandboxRecord:
@@ -187,12 +186,14 @@ class SandboxManager:
         """Block until the sandbox is ready or failed; 408 when the wait runs out."""
         deadline = time.monotonic() + timeout
         while True:
-            ev = self.waiters.event(sandbox_id)
+            ev = self.store.event(f"sandbox:{sandbox_id}")     # taken before the check: no lost wake-up
             record = await self.get(sandbox_id, caller)
             if record.status in SETTLED:
                 return record.info()
-            if not await Waiters.wait(ev, deadline - time.monotonic()):
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise errors.SandboxTimeoutError(f"Sandbox {sandbox_id} did not become ready within {timeout:g}s")
+            await Waiters.wait(ev, min(left, self.store.recheck))
 
     async def list(self, caller: Caller, status: Optional[str] = None) -> list[SandboxInfo]:
         """The caller's sandboxes (all of them for admins)."""
@@ -204,19 +205,22 @@ class SandboxManager:
         """Refresh liveness and, when allowed, push the TTL out."""
         record = await self.get(sandbox_id, caller)
         now = time.time()
-        record.last_heartbeat = now
+        fields: dict = {"last_heartbeat": now}
         if self.settings.heartbeat_extends_ttl:
             cap = record.created_at + self.settings.max_ttl_seconds
-            record.expires_at = min(max(record.expires_at, now + record.ttl_seconds), cap)
-        await self.store.put_sandbox(record)
-        return record
+            fields["expires_at"] = min(max(record.expires_at, now + record.ttl_seconds), cap)
+        updated = await self.store.update_sandbox(sandbox_id, **fields)     # never clobbers a concurrent status change
+        if updated is None:
+            raise errors.SandboxNotFoundError(f"Sandbox {sandbox_id} not found")
+        return updated
 
     async def delete(self, sandbox_id: str, caller: Caller, reason: str = "request") -> None:
         """Forget the record now and tear the sandbox down in the background (idempotent)."""
         record = await self.store.get_sandbox(sandbox_id)
         if record is None or not caller.may_see(record.owner) or sandbox_id in self._deleting:
             return
-        await self.store.delete_sandbox(sandbox_id)
+        if not await self.store.delete_sandbox(sandbox_id):      # another replica deleted it first and tears it down
+            return
         self.live_count = max(0, self.live_count - 1)
         self.metrics.sandboxes_live.set(self.live_count)
         self.metrics.sandboxes_deleted.labels(reason).inc()
@@ -233,16 +237,16 @@ class SandboxManager:
             log.exception("teardown of %s failed; reconcile will retry", sandbox_id)
         finally:
             self._deleting.pop(sandbox_id, None)
-            self.waiters.notify(sandbox_id)
+            await self.store.notify(f"sandbox:{sandbox_id}")
 
     async def mark_failed(self, sandbox_id: str, message: str) -> None:
         """The backend reports the sandbox died: record it as failed and clean up."""
         record = await self.store.get_sandbox(sandbox_id)
         if record is None or record.status == "failed":
             return
-        record.status, record.status_message = "failed", message
-        await self.store.put_sandbox(record)
-        self.waiters.notify(sandbox_id)
+        if await self.store.update_sandbox(sandbox_id, status="failed", status_message=message) is None:
+            return
+        await self.store.notify(f"sandbox:{sandbox_id}")
         self._gone(sandbox_id, message)
         asyncio.create_task(self.backend.delete(sandbox_id))
 

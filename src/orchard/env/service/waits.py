@@ -24,6 +24,12 @@ class Waiters:
         if ev is not None:
             ev.set()
 
+    def notify_all(self) -> None:
+        """Wake every waiter of every key (after wake-ups may have been lost)."""
+        events, self._events = self._events, {}
+        for ev in events.values():
+            ev.set()
+
     @staticmethod
     async def wait(ev: asyncio.Event, timeout: float) -> bool:
         """True if woken before timeout."""

@@ -3,7 +3,8 @@
 Queries are tiny and run inline on the event loop: a thread hop would cost more than the
 query. What may block on the disk leaves the loop: large job outputs are written through
 ``asyncio.to_thread``, and WAL checkpoints (the only fsyncs) run in a background thread.
-Sandbox records are also kept in memory (this process is the file's only writer).
+Sandbox records are also kept in memory (this process is the file's only writer), and the
+coordination primitives (wake-ups, exec turns) are in-process asyncio ones.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from orchard.env.service.records import JobRecord, SandboxRecord
+from orchard.env.service.stores.inprocess import InProcessCoordination
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (id TEXT PRIMARY KEY, owner TEXT NOT NULL, data TEXT NOT NULL);
@@ -27,10 +29,11 @@ CREATE UNIQUE INDEX IF NOT EXISTS jobs_idem ON jobs(sandbox_id, idem) WHERE idem
 _BIG_OUTPUT = 256 * 1024
 
 
-class SqliteStore:
+class SqliteStore(InProcessCoordination):
     """Store on one SQLite file."""
 
     def __init__(self, path: Path):
+        super().__init__()
         self.path = Path(path)
         self._db: Optional[sqlite3.Connection] = None
         self._lock = asyncio.Lock()
@@ -84,6 +87,14 @@ class SqliteStore:
             self._records[record.sandbox_id] = record.model_copy()
         return cur.rowcount == 1
 
+    async def update_sandbox(self, sandbox_id: str, **fields: Any) -> Optional[SandboxRecord]:
+        current = self._records.get(sandbox_id)
+        if current is None:
+            return None
+        record = current.model_copy(update=fields)
+        await self.put_sandbox(record)
+        return record.model_copy()
+
     async def get_sandbox(self, sandbox_id: str) -> Optional[SandboxRecord]:
         record = self._records.get(sandbox_id)
         return record.model_copy() if record is not None else None    # callers change what they get
@@ -91,15 +102,23 @@ class SqliteStore:
     async def list_sandboxes(self, owner: Optional[str] = None) -> list[SandboxRecord]:
         return [r.model_copy() for _, r in sorted(self._records.items()) if owner is None or r.owner == owner]
 
-    async def delete_sandbox(self, sandbox_id: str) -> None:
+    async def delete_sandbox(self, sandbox_id: str) -> bool:
         self.db.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
-        self._records.pop(sandbox_id, None)
+        return self._records.pop(sandbox_id, None) is not None
 
     async def put_image(self, owner: str, name: str) -> None:
         self.db.execute("INSERT OR IGNORE INTO images (owner, name) VALUES (?, ?)", (owner, name))
 
     async def list_images(self, owner: str) -> list[str]:
         return [r[0] for r in self.db.execute("SELECT name FROM images WHERE owner = ? ORDER BY name", (owner,))]
+
+    async def add_job(self, job: JobRecord) -> JobRecord:
+        if job.idempotency_key:          # no await between the check and the write: atomic in this process
+            known = await self.job_by_key(job.sandbox_id, job.idempotency_key)
+            if known is not None:
+                return known
+        await self.put_job(job)
+        return job
 
     async def put_job(self, job: JobRecord) -> None:
         args = (job.job_id, job.sandbox_id, job.status, job.idempotency_key, job.completed_at, job.model_dump_json())
@@ -125,5 +144,3 @@ class SqliteStore:
     async def prune_jobs(self, completed_before: float) -> int:
         cur = self.db.execute("DELETE FROM jobs WHERE completed_at IS NOT NULL AND completed_at < ?", (completed_before,))
         return cur.rowcount
-
-
