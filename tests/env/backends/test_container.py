@@ -62,7 +62,7 @@ class Exits:
 
 @asynccontextmanager
 async def running(engine: Engine, state_dir: Path, mode: str = "auto", exits: Exits | None = None):
-    """A started backend; mode auto (fast path), api (engine API, engine here), remote (as if the engine were not here)."""
+    """A started backend. mode: auto (fast path), api (engine API), remote (as if the engine ran elsewhere)."""
     backend = ContainerBackend(settings_for(engine, state_dir, "auto" if mode == "auto" else "api"))
     await backend.start(exits or Exits())
     if mode == "remote":
@@ -86,8 +86,9 @@ def run(argv, timeout: float = 30, **kw) -> ExecSpec:
 
 # ---------------------------------------------------------------- no engine needed
 def test_snapshot_references_are_valid_and_distinct():
-    a, b = snapshot_reference("@alice/My Snap:v1"), snapshot_reference("@bob/My Snap:v1")
+    a, b = snapshot_reference("@alice/My Snap:v1", "svc1"), snapshot_reference("@bob/My Snap:v1", "svc1")
     assert a != b and a.startswith(SNAPSHOT_REPOSITORY + "/") and a.endswith(":latest")
+    assert snapshot_reference("@alice/My Snap:v1", "svc2") != a          # another service's snapshot of that name
     repo = a.rsplit(":", 1)[0]
     assert repo == repo.lower() and " " not in repo and "@" not in repo
 
@@ -174,7 +175,8 @@ async def test_files_and_listing(engine, tmp_path, mode):
         assert r.stdout == b"640\n"
         await backend.exec(sid, run(["bash", "-c", "ln -s /nowhere /data/broken; mkdir /data/sub"]))
         entries = await backend.list_dir(sid, "/data")
-        assert [(e.name, e.type) for e in entries] == [("broken", "symlink"), ("deep", "directory"), ("sub", "directory")]
+        assert [(e.name, e.type) for e in entries] == [("broken", "symlink"), ("deep", "directory"),
+                                                       ("sub", "directory")]
         with pytest.raises(errors.NotFoundError):
             await backend.read_file(sid, "/missing", 10)
         with pytest.raises(errors.RequestError):
@@ -248,10 +250,10 @@ async def test_snapshot_then_start_from_it(engine, api, tmp_path):
             await backend.create(child)
             r = await backend.exec(child.sandbox_id, run(["cat", "/workspace/state"]))
             assert r.stdout == b"prepared\n"
-            assert snapshot_reference(name) not in backend.images()       # snapshots stay the owners' business
+            assert snapshot_reference(name, backend.tag) not in backend.images()   # snapshots stay their owners'
         finally:
             await backend.delete(child.sandbox_id)
-            api.remove_image(snapshot_reference(name), force=True)
+            api.remove_image(snapshot_reference(name, backend.tag), force=True)
 
 
 async def test_an_image_without_sleep_or_shell_starts(engine, api, tmp_path):

@@ -1,10 +1,12 @@
 """The contract suite, unchanged, against the container backend on a real Podman API service.
 
 Each module here re-exports one module of tests/env/contract. The service under test is
-`orchard env serve --backend container` talking to a private `podman system service` socket;
-the image is the backend's `host` image (bash, python3, git, procps, iproute2 from this machine's
-packages), so tests that name "host" directly (restart, exec after delete) use it too.
-A test that cannot hold for this engine is skipped with the reason, at run time.
+`orchard env serve --backend container` talking to a private `podman system service` socket, and
+every test runs twice: [auto] through the fast path (the helper enters the containers) and [api]
+through the engine API only, as for a remote engine. The image is the suite's IMAGE
+(ORCHARD_TEST_IMAGE, default `host`: for this backend an OCI image built from this machine's bash,
+python3, git, procps, iproute2 packages), and tests that name "host" directly (restart, exec after
+delete) get the same image. A test that cannot hold for this engine is skipped, with the reason.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ def engine() -> Engine:
 
 @pytest.fixture(scope="session", params=["auto", "api"])
 def exec_path(request) -> str:
-    """auto: the helper enters the containers (the engine runs here); api: the engine API only, as for a remote engine."""
+    """auto: the helper enters the containers (the engine runs here); api: engine API only, as for a remote engine."""
     return request.param
 
 

@@ -1,4 +1,4 @@
-"""The container backend: one container per sandbox through the Docker Engine API (Docker, or Podman's compatible socket).
+"""The container backend: one container per sandbox through the Docker Engine API (Docker, or Podman's socket).
 
 A sandbox is a container labelled ``orchard.sandbox=<id>`` and ``orchard.service=<tag>`` (the tag
 is a digest of the state dir, so two services never touch each other's containers), started from
@@ -21,7 +21,7 @@ import hashlib
 import logging
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 from urllib.parse import urlparse
@@ -36,11 +36,12 @@ from orchard.env.backends.base import ExecOutcome, ExecSpec, ExitCallback, LiveS
 from orchard.env.backends.container_host import ContainerCgroups, enterable
 from orchard.env.backends.container_images import (HOST_REPOSITORY, SNAPSHOT_REPOSITORY, ensure_host_image,
                                                    snapshot_reference)
+from orchard.env.backends.local import _file_error           # the helper's put/get exit codes, mapped once
 from orchard.env.backends.local_forward import Forwarder, listen_in_netns
 from orchard.env.backends.local_fs import SandboxFS
 from orchard.env.backends.local_helper import helper_path
-from orchard.env.backends.local import _file_error
-from orchard.env.backends.local_net import SandboxNetwork, _run
+from orchard.env.backends.local_net import SandboxNetwork
+from orchard.env.backends.local_net import _run as run_tool
 from orchard.env.backends.local_proc import PtyHandle, run_file_op, run_helper
 from orchard.env.protocol import FileEntry
 from orchard.env.settings import Settings
@@ -50,7 +51,7 @@ INIT_PATH = "/.orchard/init"
 DEFAULT_WORKDIR = "/workspace"
 DEFAULT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
                "LANG": "C.UTF-8", "TERM": "xterm-256color", "USER": "root"}
-POLL_INTERVAL = 2.0          # seconds between engine listings that notice containers dying (API path only)
+POLL_INTERVAL = 2.0          # seconds between engine listings that notice deaths of containers no pidfd watches
 
 
 @dataclass
@@ -97,6 +98,8 @@ class ContainerBackend:
         self._capacity = (float(os.cpu_count() or 1), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
         self._disk_quota = True           # the storage driver takes a size (unknown until tried)
         self._net_ready = False
+        self._net_lock = asyncio.Lock()
+        self._host_image: Optional[str] = None
 
     @property
     def api(self) -> docker.APIClient:
@@ -153,7 +156,7 @@ class ContainerBackend:
         image = await asyncio.to_thread(self._resolve, spec.image)
         config = await asyncio.to_thread(self._image_config, image)
         network = "none" if spec.block_network else await self._ensure_network()
-        container = await asyncio.to_thread(self._run, spec, image, config, network)
+        container = await asyncio.to_thread(self._start_container, spec, image, config, network)
         try:
             box = await asyncio.to_thread(self._inspect_box, spec.sandbox_id, container, config)
             await asyncio.to_thread(self._writable_root, box)
@@ -166,9 +169,11 @@ class ContainerBackend:
     def _resolve(self, name: str) -> str:
         """The image reference to start for a name the service hands over; pulls what is missing."""
         if name == "host":
-            return ensure_host_image(self.api)
+            if self._host_image is None or not self._has_image(self._host_image):
+                self._host_image = ensure_host_image(self.api)      # built once; a restart notices new packages
+            return self._host_image
         if name.startswith("@"):
-            ref = snapshot_reference(name)
+            ref = snapshot_reference(name, self.tag)
             if not self._has_image(ref):
                 raise errors.NotFoundError(self._unknown(name.split("/", 1)[-1], ": no such snapshot"))
             return ref
@@ -206,7 +211,7 @@ class ContainerBackend:
     def _image_config(self, ref: str) -> dict:
         return self.api.inspect_image(ref).get("Config") or {}
 
-    def _run(self, spec: SandboxSpec, image: str, config: dict, network: str):
+    def _start_container(self, spec: SandboxSpec, image: str, config: dict, network: str):
         name = self._container_name(spec.sandbox_id)
         try:
             self.api.inspect_container(name)
@@ -364,11 +369,12 @@ class ContainerBackend:
     # ------------------------------------------------------------ network
     async def _ensure_network(self) -> str:
         """The service's bridge network; on this host, nftables keeps its containers off the host and private ranges."""
-        if not self._net_ready:
-            if self.here and not self.net.available:
-                raise errors.SandboxFailedError(f"Networked sandboxes are unavailable here: {self.net.why}")
-            await asyncio.to_thread(self._make_network)
-            self._net_ready = True
+        async with self._net_lock:
+            if not self._net_ready:
+                if self.here and not self.net.available:
+                    raise errors.SandboxFailedError(f"Networked sandboxes are unavailable here: {self.net.why}")
+                await asyncio.to_thread(self._make_network)
+                self._net_ready = True
         return self.network
 
     def _make_network(self) -> None:
@@ -381,7 +387,7 @@ class ContainerBackend:
                                                  "com.docker.network.bridge.enable_icc": "false"})
         if self.here:
             try:
-                _run(["nft", "-f", "-"], self.net.ruleset())
+                run_tool(["nft", "-f", "-"], self.net.ruleset())
             except errors.OrchardError as e:
                 raise errors.SandboxFailedError(f"Network isolation could not be set up: {e.detail}") from e
 
@@ -391,7 +397,7 @@ class ContainerBackend:
         except docker.errors.APIError:
             return                           # still in use (by containers left running): keep rules too
         if self.here:
-            _run(["nft", "delete", "table", "inet", self.net.table], check=False)
+            run_tool(["nft", "delete", "table", "inet", self.net.table], check=False)
 
     # ------------------------------------------------------------ delete
     async def delete(self, sandbox_id: str) -> None:
@@ -450,9 +456,7 @@ class ContainerBackend:
         env = {**box.env, **spec.env}
         argv = self._argv(box, spec.argv)
         if not box.fast:
-            api_spec = ExecSpec(argv=argv, cwd=spec.cwd, env=spec.env, timeout=spec.timeout,
-                                output_limit=spec.output_limit)
-            return await self._engine(box, container_api.run, api_spec, spec.cwd or box.workdir, env)
+            return await self._engine(box, container_api.run, replace(spec, argv=argv), spec.cwd or box.workdir, env)
         job = uuid.uuid4().hex[:12]
         try:
             return await run_helper(self._enter(box, spec.cwd, box.cgroups.job_flags(job), argv), env, spec,
@@ -525,7 +529,7 @@ class ContainerBackend:
         return await asyncio.to_thread(self._commit, box, image)
 
     def _commit(self, box: Box, name: str) -> int:
-        ref = snapshot_reference(name)
+        ref = snapshot_reference(name, self.tag)
         repository, tag = ref.rsplit(":", 1)
         try:
             old = self.api.inspect_image(ref)["Id"] if self._has_image(ref) else None

@@ -15,7 +15,6 @@ import asyncio
 import base64
 import io
 import json
-import os
 import posixpath
 import select
 import socket

@@ -163,7 +163,8 @@ def _container_dirs(lines: list[str], mounts: list[tuple[set[str], str, str]]) -
 
 
 def _is_unified(d: str, mounts: list[tuple[set[str], str, str]]) -> bool:
-    return any(controllers == {""} and (d + "/").startswith(point.rstrip("/") + "/") for controllers, point, _ in mounts)
+    return any(controllers == {""} and (d + "/").startswith(point.rstrip("/") + "/")
+               for controllers, point, _ in mounts)
 
 
 def _procs(d: str) -> list[int]:

@@ -37,11 +37,13 @@ _lock = threading.Lock()
 
 
 # ---------------------------------------------------------------- snapshot references
-def snapshot_reference(name: str) -> str:
-    """A valid OCI reference for any snapshot name the service hands over (e.g. '@owner/name:tag'): injective by digest."""
+def snapshot_reference(name: str, scope: str = "") -> str:
+    """A valid OCI reference for a snapshot name the service hands over (e.g. '@owner/name:tag').
+
+    Injective by digest; ``scope`` (the service's tag) keeps two services sharing an engine apart."""
     readable = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40] or "snapshot"
-    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
-    return f"{SNAPSHOT_REPOSITORY}/{readable}-{digest}:latest"
+    digest = hashlib.sha256(f"{scope}\0{name}".encode()).hexdigest()[:16]
+    return f"{SNAPSHOT_REPOSITORY}/{scope + '-' if scope else ''}{readable}-{digest}:latest"
 
 
 # ---------------------------------------------------------------- the host image
