@@ -215,7 +215,7 @@ async def test_adopt_after_a_service_restart(engine, tmp_path):
         await first.create(s)
         await first.exec(s.sandbox_id, run(["bash", "-c", "echo kept > /workspace/f"]))
         first._boxes.clear()                                # a restart forgets; the container stays
-        first._watch.clear()
+        first._pids.close()
     async with running(engine, tmp_path) as second:
         assert await second.adopt(s)
         r = await second.exec(s.sandbox_id, run(["cat", "/workspace/f"]))

@@ -42,7 +42,7 @@ from orchard.env.backends.local_fs import SandboxFS
 from orchard.env.backends.local_helper import helper_path
 from orchard.env.backends.local_net import SandboxNetwork
 from orchard.env.backends.local_net import _run as run_tool
-from orchard.env.backends.local_proc import PtyHandle, run_file_op, run_helper
+from orchard.env.backends.local_proc import PidWatch, PtyHandle, run_file_op, run_helper
 from orchard.env.protocol import FileEntry
 from orchard.env.settings import Settings
 
@@ -90,7 +90,7 @@ class ContainerBackend:
         self.helper = ""
         self._helper_fd = -1
         self._boxes: dict[str, Box] = {}
-        self._watch: dict[str, int] = {}  # sandbox id -> pidfd of its container's init
+        self._pids = PidWatch(self._report_exit)   # sandbox id -> its container's init, when visible here
         self._forwarders: dict[str, Forwarder] = {}
         self._deleting: set[str] = set()
         self._on_exit: Optional[ExitCallback] = None
@@ -137,9 +137,7 @@ class ContainerBackend:
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
-        for fd in self._watch.values():
-            _unwatch(fd)
-        self._watch.clear()
+        self._pids.close()
         for fwd in self._forwarders.values():
             await fwd.close()
         self._forwarders.clear()
@@ -301,20 +299,8 @@ class ContainerBackend:
 
     def _track(self, box: Box) -> None:
         self._boxes[box.sandbox_id] = box
-        if not box.pid:
-            return
-        try:
-            fd = os.pidfd_open(box.pid)
-        except OSError:
-            return
-        self._watch[box.sandbox_id] = fd
-        asyncio.get_running_loop().add_reader(fd, self._exited, box.sandbox_id)
-
-    def _exited(self, sandbox_id: str) -> None:
-        fd = self._watch.pop(sandbox_id, None)
-        if fd is not None:
-            _unwatch(fd)
-        self._report_exit(sandbox_id)
+        if box.pid:
+            self._pids.watch(box.sandbox_id, box.pid)
 
     def _report_exit(self, sandbox_id: str) -> None:
         if sandbox_id in self._deleting or self._on_exit is None or self._boxes.pop(sandbox_id, None) is None:
@@ -325,7 +311,7 @@ class ContainerBackend:
         """For containers the fast path cannot watch: notice on a timer when they stop."""
         while True:
             await asyncio.sleep(POLL_INTERVAL)
-            watched = [sid for sid, box in self._boxes.items() if sid not in self._watch]
+            watched = [sid for sid, box in self._boxes.items() if sid not in self._pids]
             if not watched:
                 continue
             live = await self.list_live()
@@ -406,9 +392,7 @@ class ContainerBackend:
             fwd = self._forwarders.pop(sandbox_id, None)
             if fwd is not None:
                 await fwd.close()
-            fd = self._watch.pop(sandbox_id, None)
-            if fd is not None:
-                _unwatch(fd)
+            self._pids.unwatch(sandbox_id)
             self._boxes.pop(sandbox_id, None)
             await asyncio.to_thread(self._remove, self._container_name(sandbox_id))
         finally:
@@ -610,12 +594,3 @@ def _float(*values) -> float:
         except (TypeError, ValueError):
             continue
     return 0.0
-
-
-def _unwatch(fd: int) -> None:
-    try:
-        asyncio.get_running_loop().remove_reader(fd)
-    except RuntimeError:
-        pass
-    os.close(fd)
-

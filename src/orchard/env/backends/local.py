@@ -31,7 +31,7 @@ from orchard.env.backends.local_helper import helper_path
 from orchard.env.backends.local_net import SandboxNetwork
 from orchard.env.backends.local_layer import drop_layer, make_layer, mounted_layers
 from orchard.env.backends.local_images import Image, ImageStore
-from orchard.env.backends.local_proc import Child, PtyHandle, readable, read_status, run_file_op, run_helper
+from orchard.env.backends.local_proc import Child, PidWatch, PtyHandle, readable, read_status, run_file_op, run_helper
 from orchard.env.protocol import FileEntry
 from orchard.env.quantities import parse_memory
 from orchard.env.settings import Settings
@@ -81,7 +81,7 @@ class LocalBackend:
         self._helper_fd = -1
         self.bwrap = shutil.which("bwrap") or "/usr/bin/bwrap"
         self._live: dict[str, Meta] = {}
-        self._watch: dict[str, int] = {}          # sandbox id -> pidfd of its init
+        self._pids = PidWatch(self._exited)        # sandbox id -> its init, reported when it dies
         self._forwarders: dict[str, Forwarder] = {}
         self._deleting: set[str] = set()
         self._on_exit: Optional[ExitCallback] = None
@@ -101,9 +101,7 @@ class LocalBackend:
                                       "set ORCHARD_CGROUPS_REQUIRED=false to run without limits")
 
     async def close(self) -> None:
-        for fd in self._watch.values():
-            _unwatch(fd)
-        self._watch.clear()
+        self._pids.close()
         for fwd in self._forwarders.values():
             await fwd.close()
         self._forwarders.clear()
@@ -177,17 +175,9 @@ class LocalBackend:
 
     def _track(self, meta: Meta) -> None:
         self._live[meta.sandbox_id] = meta
-        try:
-            fd = os.pidfd_open(meta.pid)
-        except OSError:
-            return
-        self._watch[meta.sandbox_id] = fd
-        asyncio.get_running_loop().add_reader(fd, self._exited, meta.sandbox_id)
+        self._pids.watch(meta.sandbox_id, meta.pid)
 
     def _exited(self, sandbox_id: str) -> None:
-        fd = self._watch.pop(sandbox_id, None)
-        if fd is not None:
-            _unwatch(fd)
         if sandbox_id in self._deleting or self._on_exit is None:
             return
         asyncio.create_task(self._on_exit(sandbox_id, "The sandbox's processes were killed or exited"))
@@ -228,9 +218,7 @@ class LocalBackend:
         fwd = self._forwarders.pop(sandbox_id, None)
         if fwd is not None:
             await fwd.close()
-        fd = self._watch.pop(sandbox_id, None)
-        if fd is not None:
-            _unwatch(fd)
+        self._pids.unwatch(sandbox_id)
         home = self.root / sandbox_id
         meta = self._live.pop(sandbox_id, None) or _read_meta(home)
         if meta is not None and _alive(meta):
@@ -278,7 +266,7 @@ class LocalBackend:
     # ------------------------------------------------------------ exec
     def _meta(self, sandbox_id: str) -> Meta:
         meta = self._live.get(sandbox_id)
-        if meta is None or (sandbox_id not in self._watch and not _alive(meta)):
+        if meta is None or (sandbox_id not in self._pids and not _alive(meta)):
             # another service on this state dir (a replica) started it, or deleted and started it again
             meta = _read_meta(self.root / sandbox_id)
             if meta is None or not _alive(meta):
@@ -485,11 +473,3 @@ def _read_meta(home: Path) -> Optional[Meta]:
         return Meta(**json.loads((home / "meta.json").read_text()))
     except (OSError, ValueError, TypeError):
         return None
-
-
-def _unwatch(fd: int) -> None:
-    try:
-        asyncio.get_running_loop().remove_reader(fd)
-    except RuntimeError:
-        pass
-    os.close(fd)

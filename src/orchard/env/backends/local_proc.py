@@ -248,6 +248,44 @@ def _write_all(fd: int, data: bytes) -> None:
         os.close(fd)
 
 
+class PidWatch:
+    """Calls `on_exit(key)` once when a watched process exits (a pidfd turns readable on the event loop)."""
+
+    def __init__(self, on_exit: Callable[[str], None]):
+        self._fds: dict[str, int] = {}
+        self._on_exit = on_exit
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._fds
+
+    def watch(self, key: str, pid: int) -> bool:
+        """Start watching; False when the process is already gone."""
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return False
+        self._fds[key] = fd
+        asyncio.get_running_loop().add_reader(fd, self._fired, key)
+        return True
+
+    def unwatch(self, key: str) -> None:
+        fd = self._fds.pop(key, None)
+        if fd is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(fd)
+            except RuntimeError:
+                pass
+            os.close(fd)
+
+    def close(self) -> None:
+        for key in list(self._fds):
+            self.unwatch(key)
+
+    def _fired(self, key: str) -> None:
+        self.unwatch(key)
+        self._on_exit(key)
+
+
 class PtyHandle:
     """A command on a pseudo-terminal inside a sandbox (see base.PtyProcess)."""
 
