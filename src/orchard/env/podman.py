@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from orchard.env.runner import terminate
+
 CONF = Path(__file__).with_name("podman-containers.conf")
 BUSYBOX_IMAGE = "localhost/orchard-busybox:latest"
 _TOOLS = ("sh", "ls", "cat", "echo", "sleep", "true", "false", "mkdir", "rm", "ps", "wc", "id", "pwd", "env",
@@ -96,13 +98,7 @@ class PodmanService:
 
     def stop(self) -> None:
         """SIGTERM (containers keep running: they belong to the storage, not to the service)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
 

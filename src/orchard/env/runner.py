@@ -20,6 +20,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def terminate(proc: Optional[subprocess.Popen], timeout: float = 30.0) -> None:
+    """SIGTERM a child and wait for it; SIGKILL if it does not go within timeout."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class ServiceProcess:
     """`orchard env serve` on a free port with its own state dir; a context manager."""
 
@@ -65,13 +77,7 @@ class ServiceProcess:
 
     def stop(self) -> None:
         """SIGTERM and wait."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
 
     def peak_rss(self) -> int:
         """Peak resident memory of the service process, bytes."""

@@ -37,7 +37,7 @@ from orchard.env.backends.container_host import ContainerCgroups, enterable
 from orchard.env.backends.container_images import (HOST_REPOSITORY, SNAPSHOT_REPOSITORY, ensure_host_image,
                                                    snapshot_reference)
 from orchard.env.backends.local import _file_error           # the helper's put/get exit codes, mapped once
-from orchard.env.backends.local_forward import Forwarder, listen_in_netns
+from orchard.env.backends.local_forward import Forwarder, open_forwarder
 from orchard.env.backends.local_fs import SandboxFS
 from orchard.env.backends.local_helper import helper_path
 from orchard.env.backends.local_net import SandboxNetwork
@@ -329,13 +329,7 @@ class ContainerBackend:
         port, host, hport = spec.model_endpoint
         if not box.pid:
             raise errors.SandboxFailedError("model_endpoint needs the container engine on this host")
-        try:
-            sock = await asyncio.to_thread(listen_in_netns, box.pid, port)
-        except OSError as e:
-            raise errors.SandboxFailedError(f"Cannot open model endpoint port {port} in the sandbox: {e}") from e
-        fwd = Forwarder(sock, host, hport)
-        await fwd.start()
-        self._forwarders[spec.sandbox_id] = fwd
+        self._forwarders[spec.sandbox_id] = await open_forwarder(box.pid, port, host, hport)
 
     async def adopt(self, spec: SandboxSpec) -> bool:
         try:

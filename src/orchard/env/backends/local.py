@@ -25,7 +25,7 @@ from typing import Optional
 from orchard import errors
 from orchard.env.backends.base import ExecOutcome, ExecSpec, ExitCallback, LiveSandbox, SandboxSpec
 from orchard.env.backends.cgroups import Cgroups
-from orchard.env.backends.local_forward import Forwarder, listen_in_netns
+from orchard.env.backends.local_forward import Forwarder, open_forwarder
 from orchard.env.backends.local_fs import SandboxFS
 from orchard.env.backends.local_helper import helper_path
 from orchard.env.backends.local_net import SandboxNetwork
@@ -187,13 +187,7 @@ class LocalBackend:
             return
         port, host, hport = spec.model_endpoint
         meta = self._meta(spec.sandbox_id)
-        try:
-            sock = await asyncio.to_thread(listen_in_netns, meta.pid, port)
-        except OSError as e:
-            raise errors.SandboxFailedError(f"Cannot open model endpoint port {port} in the sandbox: {e}") from e
-        fwd = Forwarder(sock, host, hport)
-        await fwd.start()
-        self._forwarders[spec.sandbox_id] = fwd
+        self._forwarders[spec.sandbox_id] = await open_forwarder(meta.pid, port, host, hport)
 
     async def adopt(self, spec: SandboxSpec) -> bool:
         meta = _read_meta(self.root / spec.sandbox_id)

@@ -9,6 +9,8 @@ import os
 import socket
 import threading
 
+from orchard import errors
+
 log = logging.getLogger("orchard.env")
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -50,6 +52,17 @@ def _setns(fd: int) -> None:
     if _libc.setns(fd, CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+async def open_forwarder(pid: int, port: int, host: str, host_port: int) -> "Forwarder":
+    """Listen on `port` inside the network namespace of `pid` and relay to (host, host_port)."""
+    try:
+        sock = await asyncio.to_thread(listen_in_netns, pid, port)
+    except OSError as e:
+        raise errors.SandboxFailedError(f"Cannot open model endpoint port {port} in the sandbox: {e}") from e
+    forwarder = Forwarder(sock, host, host_port)
+    await forwarder.start()
+    return forwarder
 
 
 class Forwarder:
