@@ -33,15 +33,6 @@ def enterable(pid: int, container_id: str) -> bool:
         return False
 
 
-def start_time(pid: int) -> str:
-    """/proc/<pid>/stat field 22: tells a process from a later one that reused its pid."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
-
-
 @dataclass
 class ContainerCgroups:
     """The host directories of one container's cgroups."""
