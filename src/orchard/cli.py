@@ -1,8 +1,9 @@
-"""The `orchard` command: `orchard env serve | bench | demo`."""
+"""The `orchard` command: `orchard env ...` here, every other area registered from its own `cli` module."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from typing import Optional
@@ -115,7 +116,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo = env.add_parser("demo", help="start the service, run commands in a sandbox, clean up")
     demo.add_argument("--image", default="host")
     demo.set_defaults(func=_demo)
+    for module in AREAS:
+        importlib.import_module(module).register(top)
     return parser
+
+
+# Each area adds its own `orchard <area> ...` commands: a module with `register(subparsers)` that imports
+# nothing heavy at module level (torch, transformers, FastAPI load inside the command's function).
+AREAS: tuple[str, ...] = (
+)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
