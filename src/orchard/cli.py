@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = env.add_parser("serve", help="run the service (every flag also reads ORCHARD_<NAME>)")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
-    serve.add_argument("--backend", choices=["local", "container"])
+    serve.add_argument("--backend", choices=["local", "container", "kubernetes"])
     serve.add_argument("--state-dir")
     serve.add_argument("--store", choices=["sqlite", "redis"], help="sqlite (default, one replica) or redis (several)")
     serve.add_argument("--redis-url", help="redis://host:port/db of the shared store (with --store redis)")
@@ -116,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = env.add_parser("demo", help="start the service, run commands in a sandbox, clean up")
     demo.add_argument("--image", default="host")
     demo.set_defaults(func=_demo)
+    importlib.import_module("orchard.env.settings_doc").register(env)
     for module in AREAS:
         importlib.import_module(module).register(top)
     return parser
@@ -124,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
 # Each area adds its own `orchard <area> ...` commands: a module with `register(subparsers)` that imports
 # nothing heavy at module level (torch, transformers, FastAPI load inside the command's function).
 AREAS: tuple[str, ...] = (
+    "orchard.rollout.cli", "orchard.eval.cli", "orchard.view.cli",
+    "orchard.inference.cli", "orchard.proxy.cli", "orchard.harnesses.cli",
+    "orchard.tasks.cli",
 )
 
 

@@ -2,7 +2,8 @@
 
     OrchardError
     ├── RequestError            the caller's request is wrong (400/413/422)
-    │   └── PayloadTooLargeError    a body or file over a configured limit (413)
+    │   ├── PayloadTooLargeError    a body or file over a configured limit (413)
+    │   └── SessionLimitError       a proxy session is past its call, token or time limit
     ├── AuthError               no key (401)
     │   └── ForbiddenError          a key the service does not know (403)
     ├── NotFoundError           unknown or deleted sandbox, job or file (404)
@@ -12,6 +13,13 @@
     │   ├── SandboxFailedError      it failed to start or died
     │   └── SandboxTimeoutError     it did not become ready in time (408)
     ├── BackendError            the backend (bubblewrap, Podman, Kubernetes) failed (500)
+    ├── UpstreamError           the upstream model server failed or replied unusably (502)
+    │   ├── UpstreamTimeoutError    it did not answer in time (504)
+    │   └── UpstreamNoTokensError   it returned no token ids and the session is not text-only (400)
+    ├── ModelError              a model server cannot load or run its model, or its script ran out (500)
+    ├── HarnessError            a harness (Codex, Claude Code, ...) cannot be installed or launched
+    ├── TaskError               a task file or task is malformed, or its image cannot be built
+    ├── GraderError             a grader could not reach a verdict (infrastructure, never a model failure)
     ├── OverloadedError         transient overload, safe to retry (503, Retry-After)
     │   └── StoreUnavailableError   the shared state store (Redis) cannot be reached
     └── ServerError             anything else the server reports (5xx)
@@ -80,6 +88,52 @@ class BackendError(OrchardError):
     status_code = 500
 
 
+class SessionLimitError(RequestError):
+    """A harness went past its proxy session's limit on calls, tokens or wall-clock; the session is over."""
+
+
+class UpstreamError(OrchardError):
+    """The upstream model server failed, timed out or replied unusably: an infrastructure failure."""
+
+    status_code = 502
+
+
+class UpstreamTimeoutError(UpstreamError, TimeoutError):
+    status_code = 504
+
+
+class UpstreamNoTokensError(UpstreamError):
+    """The upstream returned no token ids; open the session in text-only mode to record text only.
+
+    Answered with 400, not 502, so that a harness stops instead of retrying a call that cannot succeed."""
+
+    status_code = 400
+
+
+class ModelError(OrchardError):
+    """A model server (local or scripted) cannot load or run its model, or its script has no reply left."""
+
+    status_code = 500
+
+
+class HarnessError(OrchardError):
+    """A harness cannot be installed into the tools folder or launched in a sandbox (not a failed run: that is a result)."""
+
+    status_code = 500
+
+
+class TaskError(OrchardError):
+    """A task file or task is malformed, its setup fails, or its image cannot be built (a wrong answer is a result)."""
+
+    status_code = 422
+
+
+class GraderError(OrchardError):
+    """Grading could not produce a verdict (its sandbox, test runner or checker broke): the rollout is not scored."""
+
+    status_code = 500
+
+
 class OverloadedError(OrchardError):
     status_code = 503
 
@@ -96,6 +150,8 @@ _BY_NAME = {cls.__name__: cls for cls in (
     OrchardError, RequestError, PayloadTooLargeError, AuthError, ForbiddenError, NotFoundError,
     SandboxNotFoundError, ConflictError, SandboxError, SandboxFailedError, SandboxTimeoutError,
     BackendError, OverloadedError, StoreUnavailableError, ServerError,
+    SessionLimitError, UpstreamError, UpstreamTimeoutError, UpstreamNoTokensError,
+    ModelError, HarnessError, GraderError,
 )}
 _BY_STATUS = {400: RequestError, 401: AuthError, 403: ForbiddenError, 404: NotFoundError,
               408: SandboxTimeoutError, 409: ConflictError, 413: PayloadTooLargeError,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from pathlib import Path
@@ -29,7 +30,8 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8080, ge=0, le=65535, description="Port to listen on.")
-    backend: Literal["local", "container"] = Field("local", description="Where sandboxes run: local (bubblewrap) or container (Docker API).")
+    backend: Literal["local", "container", "kubernetes"] = Field(
+        "local", description="Where sandboxes run: local (bubblewrap), container (Docker API) or kubernetes (one pod per sandbox).")
     state_dir: Path = Field(Path("/var/lib/orchard"), description="SQLite state, images and sandbox layers.")
     namespace: str = Field("orchard", description="Namespace name reported for sandboxes.")
     store: Literal["sqlite", "redis"] = Field(
@@ -75,6 +77,8 @@ class Settings(BaseSettings):
 
     image_roots: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Directories under which root-filesystem directory images may be named.")
+    tools_dir: Optional[Path] = Field(
+        None, description="Host directory every sandbox sees read-only at /opt/orchard/tools (harness binaries; `orchard harness install`).")
     forward_allowlist: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Host endpoints 'host:port' that model_endpoint may name.")
     network_bridge: Optional[str] = Field(None, description="Bridge of networked sandboxes (default: derived from the state dir).")
@@ -85,16 +89,69 @@ class Settings(BaseSettings):
         "auto", description="Container backend: auto enters containers with the helper when the engine runs on this host; api always uses the engine API.")
     cgroups_required: bool = Field(True, description="Fail sandbox creation when cgroup limits cannot be applied.")
 
+    kube_namespace: str = Field("orchard-sandboxes", min_length=1, description="Kubernetes backend: namespace of the sandbox pods.")
+    kube_config: Optional[Path] = Field(
+        None, description="Kubernetes backend: kubeconfig file (default: the in-cluster service account, else ~/.kube/config).")
+    kube_agent_image: str = Field("orchard/agent:0.1.0", min_length=1,
+                                  description="Kubernetes backend: image of the init container that brings the in-pod agent.")
+    kube_agent_port: int = Field(7070, gt=0, le=65535, description="Kubernetes backend: port the in-pod agent listens on.")
+    kube_service_labels: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=lambda: {"app.kubernetes.io/name": "orchard-env"},
+        description="Kubernetes backend: labels ('k=v,k2=v2') of the service pods, the only ones allowed to reach agents.")
+    kube_service_namespace: str = Field("orchard", min_length=1, description="Kubernetes backend: namespace of the service pods.")
+    kube_blocked_cidrs: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16",
+                                 "127.0.0.0/8", "0.0.0.0/8", "224.0.0.0/4", "240.0.0.0/4"],
+        description="Kubernetes backend: IPv4 CIDRs networked sandboxes never reach (pod and service CIDRs, "
+                    "the metadata endpoint, private ranges); add the cluster's CIDRs when they are public.")
+    kube_image_pull_secrets: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Kubernetes backend: names of image pull Secrets in the sandbox namespace.")
+    kube_agent_pool: int = Field(256, gt=0, description="Kubernetes backend: most HTTP connections to agents at once.")
+    kube_runtime_class: Optional[str] = Field(None, description="Kubernetes backend: RuntimeClass of sandbox pods (e.g. gvisor, kata).")
+    kube_node_selector: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict, description="Kubernetes backend: node labels ('k=v,k2=v2') sandbox pods must land on.")
+    kube_host_image: str = Field("python:3.11-bookworm", min_length=1,
+                                 description="Kubernetes backend: the image started for the image name 'host'.")
+
     @model_validator(mode="after")
     def _redis_needs_url(self) -> "Settings":
         if self.store == "redis" and not self.redis_url:
             raise ValueError("store=redis needs redis_url (ORCHARD_REDIS_URL or --redis-url)")
         return self
 
-    @field_validator("api_keys", "admin_keys", "forward_allowlist", "image_roots", mode="before")
+    @field_validator("api_keys", "admin_keys", "forward_allowlist", "image_roots", "kube_blocked_cidrs",
+                     "kube_image_pull_secrets", mode="before")
     @classmethod
     def _comma_list(cls, value: object) -> object:
         return _split(value)
+
+    @field_validator("tools_dir")
+    @classmethod
+    def _absolute_tools_dir(cls, value: Optional[Path]) -> Optional[Path]:
+        if value is not None and not value.is_absolute():
+            raise ValueError(f"tools_dir must be an absolute path, got {str(value)!r}")
+        return value
+
+    @field_validator("kube_service_labels", "kube_node_selector", mode="before")
+    @classmethod
+    def _label_map(cls, value: object) -> object:
+        if isinstance(value, str):
+            pairs = [part.split("=", 1) for part in _split(value)]
+            if any(len(pair) != 2 or not pair[0] for pair in pairs):
+                raise ValueError("expected labels as 'key=value,key2=value2'")
+            return {k.strip(): v.strip() for k, v in pairs}
+        return value
+
+    @field_validator("kube_blocked_cidrs")
+    @classmethod
+    def _ipv4_cidrs(cls, value: list[str]) -> list[str]:
+        for cidr in value:
+            try:
+                if ipaddress.ip_network(cidr).version != 4:
+                    raise ValueError
+            except ValueError:
+                raise ValueError(f"kube_blocked_cidrs: {cidr!r} is not an IPv4 CIDR like 10.0.0.0/8") from None
+        return value
 
     def auth_enabled(self) -> bool:
         """Auth is on unless switched off explicitly."""

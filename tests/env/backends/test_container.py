@@ -276,6 +276,27 @@ async def test_an_image_without_sleep_or_shell_starts(engine, api, tmp_path):
         api.remove_image(ref, force=True)
 
 
+async def test_tools_dir_is_a_read_only_bind(engine, tmp_path):
+    """settings.tools_dir appears read-only at /opt/orchard/tools, as in the local backend."""
+    tools = tmp_path / "tools"
+    (tools / "bin").mkdir(parents=True)
+    (tools / "bin" / "greet").write_text("#!/bin/sh\necho hi\n")
+    (tools / "bin" / "greet").chmod(0o755)
+    settings = settings_for(engine, tmp_path / "state").model_copy(update={"tools_dir": tools})
+    backend = ContainerBackend(settings)
+    await backend.start(Exits())
+    try:
+        s = spec()
+        await backend.create(s)
+        assert (await backend.exec(s.sandbox_id, run(["/opt/orchard/tools/bin/greet"]))).stdout == b"hi\n"
+        r = await backend.exec(s.sandbox_id, run(["sh", "-c", "touch /opt/orchard/tools/new"]))
+        assert r.exit_code != 0 and b"Read-only" in r.stderr and not (tools / "new").exists()
+    finally:
+        for sid in list(backend._boxes):
+            await backend.delete(sid)
+        await backend.close()
+
+
 # ---------------------------------------------------------------- network
 def _listen_everywhere() -> tuple[socket.socket, int]:
     server = socket.socket()

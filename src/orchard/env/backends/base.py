@@ -13,6 +13,8 @@ from typing import Awaitable, Callable, Optional, Protocol
 
 from orchard.env.protocol import FileEntry
 
+TOOLS_MOUNT = "/opt/orchard/tools"        # where settings.tools_dir appears, read-only, in every sandbox
+
 
 @dataclass
 class SandboxSpec:

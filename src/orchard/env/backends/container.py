@@ -32,11 +32,12 @@ import docker.types
 
 from orchard import errors
 from orchard.env.backends import container_api
-from orchard.env.backends.base import ExecOutcome, ExecSpec, ExitCallback, LiveSandbox, PtyProcess, SandboxSpec
+from orchard.env.backends.base import TOOLS_MOUNT, ExecOutcome, ExecSpec, ExitCallback, LiveSandbox, PtyProcess, SandboxSpec
 from orchard.env.backends.container_host import ContainerCgroups, enterable
 from orchard.env.backends.container_images import (HOST_REPOSITORY, SNAPSHOT_REPOSITORY, ensure_host_image,
                                                    snapshot_reference)
 from orchard.env.backends.local import _file_error           # the helper's put/get exit codes, mapped once
+from orchard.env.backends.local import check_tools_dir
 from orchard.env.backends.local_forward import Forwarder, open_forwarder
 from orchard.env.backends.local_fs import SandboxFS
 from orchard.env.backends.local_helper import helper_path
@@ -110,6 +111,7 @@ class ContainerBackend:
     async def start(self, on_exit: ExitCallback) -> None:
         self._on_exit = on_exit
         Path(self.settings.state_dir).mkdir(parents=True, exist_ok=True)
+        check_tools_dir(self.settings)
         try:
             self.client, info = await asyncio.to_thread(self._connect)
         except (docker.errors.DockerException, OSError) as e:
@@ -256,6 +258,9 @@ class ContainerBackend:
                 INIT_PATH, self.helper, type="bind", read_only=True)])
         else:
             kwargs.update(entrypoint=["sleep"], command=["infinity"], init=True)
+        if self.settings.tools_dir is not None:
+            kwargs.setdefault("mounts", []).append(docker.types.Mount(
+                TOOLS_MOUNT, str(self.settings.tools_dir), type="bind", read_only=True))
         return kwargs
 
     def _container_name(self, sandbox_id: str) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from orchard import errors
-from orchard.env.backends.base import ExecOutcome, ExecSpec, ExitCallback, LiveSandbox, SandboxSpec
+from orchard.env.backends.base import TOOLS_MOUNT, ExecOutcome, ExecSpec, ExitCallback, LiveSandbox, SandboxSpec
 from orchard.env.backends.cgroups import Cgroups
 from orchard.env.backends.local_forward import Forwarder, open_forwarder
 from orchard.env.backends.local_fs import SandboxFS
@@ -94,6 +94,7 @@ class LocalBackend:
         os.chmod(self.settings.state_dir, 0o700)      # layers and images are root's business only
         self.helper = str(await asyncio.to_thread(helper_path, Path(self.settings.state_dir)))
         self._helper_fd = os.open(self.helper, os.O_RDONLY | os.O_CLOEXEC)   # run inside sandboxes for file I/O
+        check_tools_dir(self.settings)
         if not os.path.exists(self.bwrap):
             raise errors.BackendError("bubblewrap (bwrap) is not installed: apt install bubblewrap")
         if not self.cgroups.available and self.settings.cgroups_required:
@@ -171,6 +172,8 @@ class LocalBackend:
                 "--hostname", spec.sandbox_id,
                 "--bind", str(home / "rootfs"), "/", "--proc", "/proc", *PROC_READ_ONLY, "--dev", "/dev",
                 "--dir", image.workdir, "--chdir", "/", "--as-pid-1", "--info-fd", "{INFO}"]
+        if self.settings.tools_dir is not None:
+            args += ["--ro-bind", str(self.settings.tools_dir), TOOLS_MOUNT]
         return args + ["--", "/proc/self/fd/{HELPER}", "init", "{READY}"]
 
     def _track(self, meta: Meta) -> None:
@@ -366,6 +369,13 @@ class LocalBackend:
 
 
 # ---------------------------------------------------------------- helpers
+def check_tools_dir(settings: Settings) -> None:
+    """A tools_dir that is set must exist: every sandbox would otherwise fail to start."""
+    if settings.tools_dir is not None and not settings.tools_dir.is_dir():
+        raise errors.BackendError(f"tools_dir {settings.tools_dir} is not a directory "
+                                  "(run `orchard harness install --tools-dir DIR` or unset ORCHARD_TOOLS_DIR)")
+
+
 def _file_error(code: Optional[int], err: str, status: dict[str, str], path: str, size: int) -> errors.OrchardError:
     if status.get("err"):
         return errors.BackendError(f"Could not reach {path} in the sandbox: {status['err']}")

@@ -26,6 +26,9 @@ log = logging.getLogger("orchard.env")
 
 def make_backend(settings: Settings) -> Backend:
     """The backend named by settings."""
+    if settings.backend == "kubernetes":
+        from orchard.env.backends.kubernetes import KubernetesBackend
+        return KubernetesBackend(settings)
     if settings.backend == "container":
         from orchard.env.backends.container import ContainerBackend
         return ContainerBackend(settings)

@@ -1,0 +1,177 @@
+"""`orchard proxy bench`: the latency the proxy adds and its throughput at many concurrent sessions, against direct calls."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import httpx
+
+ADMIN = "bench-admin"
+BODIES = {
+    "openai_chat": ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "Say ok."}]}),
+    "openai_responses": ("/v1/responses", {"model": "m", "input": "Say ok."}),
+    "anthropic_messages": ("/v1/messages", {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "Say ok."}]}),
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def _process(args: list[str], port: int) -> Iterator[str]:
+    """Run one server (this module's child entry points) and wait until it answers /health."""
+    proc = subprocess.Popen([sys.executable, "-m", "orchard.proxy.bench", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"a bench server exited: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not become healthy")
+
+
+async def _calls(client: Any, url: str, body: dict[str, Any], key: str | None, n: int) -> list[float]:
+    headers = {"Authorization": f"Bearer {key}", "content-type": "application/json"} if key else {"content-type": "application/json"}
+    data, times = json.dumps(body).encode(), []
+    for _ in range(n):
+        started = time.perf_counter()
+        async with client.post(url, data=data, headers=headers) as response:
+            text = await response.read()
+        times.append(time.perf_counter() - started)
+        if response.status != 200:
+            raise RuntimeError(f"{url}: HTTP {response.status}: {text[:300]!r}")
+    return times
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+async def _latency(client: Any, direct: str, proxied: str, key: str, body_direct: dict, body: dict, n: int) -> dict[str, Any]:
+    """Sequential calls, direct and through the proxy interleaved in blocks so load drifts hit both alike."""
+    d, p = [], []
+    await _calls(client, direct, body_direct, None, 20)
+    await _calls(client, proxied, body, key, 20)
+    for _ in range(10):
+        d += await _calls(client, direct, body_direct, None, n // 10)
+        p += await _calls(client, proxied, body, key, n // 10)
+    out = {"direct_p50_ms": _percentile(d, 0.5), "direct_p99_ms": _percentile(d, 0.99),
+           "proxy_p50_ms": _percentile(p, 0.5), "proxy_p99_ms": _percentile(p, 0.99)}
+    out["added_p50_ms"] = out["proxy_p50_ms"] - out["direct_p50_ms"]
+    out["added_p99_ms"] = out["proxy_p99_ms"] - out["direct_p99_ms"]
+    return out
+
+
+async def _throughput(client: Any, url: str, body: dict, keys: list[str | None], per_session: int) -> float:
+    started = time.perf_counter()
+    await asyncio.gather(*(_calls(client, url, body, key, per_session) for key in keys))
+    return len(keys) * per_session / (time.perf_counter() - started)
+
+
+async def _open_sessions(client: Any, proxy: str, n: int) -> list[str]:
+    keys = []
+    for _ in range(n):
+        async with client.post(proxy + "/sessions", json={}, headers={"Authorization": f"Bearer {ADMIN}"}) as response:
+            keys.append((await response.json())["key"])
+    return keys
+
+
+async def _measure(args: argparse.Namespace, upstream: str, proxy: str) -> dict[str, Any]:
+    path, body = BODIES[args.dialect]
+    direct_body = BODIES["openai_chat"][1]
+    import aiohttp  # the load generator must outrun the proxy: httpx's pool is too slow at 64 concurrent calls
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512)) as client:
+        keys = await _open_sessions(client, proxy, args.sessions)
+        result = await _latency(client, upstream + "/v1/chat/completions", proxy + path, keys[0], direct_body, body, args.latency_calls)
+        direct_rates, proxy_rates = [], []
+        for _ in range(2):  # alternate, and keep the better of two runs each, to damp a shared machine's noise
+            direct_rates.append(await _throughput(client, upstream + "/v1/chat/completions", direct_body, [None] * args.sessions, args.calls_per_session))
+            proxy_rates.append(await _throughput(client, proxy + path, body, keys, args.calls_per_session))
+    result |= {"direct_calls_per_s": max(direct_rates), "proxy_calls_per_s": max(proxy_rates)}
+    result["throughput_ratio"] = result["proxy_calls_per_s"] / result["direct_calls_per_s"]
+    return result
+
+
+@contextmanager
+def _upstream(args: argparse.Namespace) -> Iterator[str]:
+    if args.upstream:
+        yield args.upstream.rstrip("/").removesuffix("/v1")
+        return
+    port = _free_port()
+    with _process(["upstream", str(port), str(args.upstream_delay_ms)], port) as url:
+        yield url
+
+
+def main(args: argparse.Namespace) -> int:
+    proxy_port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="orchard-proxy-bench-") as store:
+        with _upstream(args) as upstream, _process(["proxy", str(proxy_port), upstream, store, args.durability], proxy_port) as proxy:
+            result = asyncio.run(_measure(args, upstream, proxy))
+    result |= {"dialect": args.dialect, "durability": args.durability, "sessions": args.sessions,
+               "upstream": args.upstream or "fake (in-package, byte tokens)", "upstream_delay_ms": args.upstream_delay_ms,
+               "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]}
+    print(json.dumps(result, indent=2) if args.json else _table(result))
+    return 0
+
+
+def _table(r: dict[str, Any]) -> str:
+    return "\n".join([
+        f"orchard proxy bench: dialect {r['dialect']}, durability {r['durability']}, upstream {r['upstream']}, "
+        f"delay {r['upstream_delay_ms']:g} ms, "
+        f"{r['cpus']} CPUs, load {r['load_avg_1m']:.1f}",
+        f"latency (sequential)   direct p50 {r['direct_p50_ms']:.2f} ms  p99 {r['direct_p99_ms']:.2f} ms",
+        f"                       proxy  p50 {r['proxy_p50_ms']:.2f} ms  p99 {r['proxy_p99_ms']:.2f} ms",
+        f"                       added  p50 {r['added_p50_ms']:.2f} ms  p99 {r['added_p99_ms']:.2f} ms",
+        f"throughput ({r['sessions']} sessions)  direct {r['direct_calls_per_s']:.0f} calls/s  proxy {r['proxy_calls_per_s']:.0f} calls/s"
+        f"  ratio {r['throughput_ratio']:.2f}",
+    ])
+
+
+def _child(argv: list[str]) -> None:
+    """Entry point of the bench's servers: ``upstream PORT DELAY_MS`` or ``proxy PORT UPSTREAM STORE DURABILITY``."""
+    import uvicorn
+
+    if argv[0] == "upstream":
+        from orchard.proxy.fake_upstream import FakeUpstream
+        delay = float(argv[2]) / 1000
+        app: Any = FakeUpstream(lambda messages, tools: {"content": "ok", "delay": delay})
+    else:
+        from orchard.proxy.app import ProxySettings, create_app
+        app = create_app(ProxySettings(upstream_url=argv[2], store_dir=argv[3], durability=argv[4], admin_keys=[ADMIN]))
+    uvicorn.run(app, host="127.0.0.1", port=int(argv[1]), loop="uvloop", http="httptools", log_level="warning",
+                access_log=False)
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1:])

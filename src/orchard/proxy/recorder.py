@@ -1,0 +1,137 @@
+"""Durable recording: append-only JSONL files under the store directory, group-committed, flushed before each reply."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator, Literal, Optional
+
+Durability = Literal["fsync", "flush"]
+CALLS, SESSIONS = "calls.jsonl", "sessions.jsonl"
+Pending = tuple[str, bytes, Optional[str], Optional["asyncio.Future[None]"]]
+"""A line waiting to be written: file name, bytes, session id, and the future its writer awaits (if any)."""
+
+
+class Recorder:
+    """Appends records to ``calls.jsonl`` (one ModelCall a line) and ``sessions.jsonl`` (session events).
+
+    ``append`` returns once the line is durable: written and fsynced (``fsync``, survives a machine crash) or
+    written to the kernel (``flush``, survives a crash of the proxy). Lines waiting while a write is in progress
+    go out together in the next write (group commit), so concurrency costs one fsync per batch, not per call.
+    A torn last line (a crash mid-write, never acknowledged) is skipped when reading.
+    """
+
+    def __init__(self, store_dir: str | Path, durability: Durability = "fsync"):
+        self.dir = Path(store_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.durability = durability
+        self.files = {name: open(self.dir / name, "ab", buffering=0) for name in (CALLS, SESSIONS)}
+        self.offsets: dict[str, list[tuple[int, int]]] = {}
+        """Per session: (offset, length) of each of its lines in calls.jsonl, for reading a session back."""
+        for f in self.files.values():
+            _end_torn_line(f)
+        self._size = self.files[CALLS].seek(0, os.SEEK_END)
+        self._pending: list[Pending] = []
+        self._writing = False
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+
+    async def append(self, name: str, record: dict[str, Any], session_id: str | None = None) -> None:
+        """Write one record to ``name`` and return when it is durable."""
+        line = json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+        if self.durability == "flush":
+            self._write([(name, line, session_id, None)])  # a write to the kernel takes microseconds: no thread hop
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((name, line, session_id, future))
+        if not self._writing:
+            self._writing = True
+            asyncio.get_running_loop().create_task(self._drain())
+        await future
+
+    async def _drain(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    await asyncio.to_thread(self._write, batch)
+                except OSError as e:
+                    _settle(batch, e)
+                    continue
+                _settle(batch, None)
+        finally:
+            self._writing = False
+
+    def _write(self, batch: list[Pending]) -> None:
+        """One write per file and one fsync per touched file, for the whole batch (runs in a worker thread)."""
+        for name in {item[0] for item in batch}:
+            lines = [item for item in batch if item[0] == name]
+            data = b"".join(item[1] for item in lines)
+            self.files[name].write(data)
+            if self.durability == "fsync":
+                os.fsync(self.files[name].fileno())
+            if name == CALLS:
+                self._index(lines)
+
+    def _index(self, lines: list[Pending]) -> None:
+        for _, line, session_id, _ in lines:
+            self.offsets.setdefault(session_id or "", []).append((self._size, len(line)))
+            self._size += len(line)
+
+    def read_session_calls(self, session_id: str) -> list[dict[str, Any]]:
+        """The recorded calls of one session, in recording order (blocking: call it off the event loop)."""
+        out = []
+        with open(self.dir / CALLS, "rb") as f:
+            for offset, length in self.offsets.get(session_id, []):
+                f.seek(offset)
+                out.append(json.loads(f.read(length)))
+        return out
+
+    def load_index(self) -> Iterator[dict[str, Any]]:
+        """Index calls.jsonl after a restart and yield every call record in it."""
+        offset = 0
+        for line in _lines(self.dir / CALLS):
+            record = _parse(line)
+            if record is not None:
+                self.offsets.setdefault(record.get("session_id", ""), []).append((offset, len(line)))
+                yield record
+            offset += len(line)
+
+
+def _settle(batch: list[Pending], error: BaseException | None) -> None:
+    for *_, future in batch:
+        if future is not None and not future.done():
+            future.set_exception(error) if error else future.set_result(None)
+
+
+def _end_torn_line(f: Any) -> None:
+    """After a crash mid-write, start the next record on a line of its own."""
+    with open(f.name, "rb") as reader:
+        if reader.seek(0, os.SEEK_END) > 0:
+            reader.seek(-1, os.SEEK_END)
+            if reader.read(1) != b"\n":
+                f.write(b"\n")
+
+
+def _lines(path: Path) -> Iterator[bytes]:
+    if not path.exists():
+        return
+    with open(path, "rb") as f:
+        yield from f
+
+
+def _parse(line: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None  # a torn last line from a crash mid-write: it was never acknowledged
+    return record if isinstance(record, dict) else None
+
+
+def read_records(store_dir: str | Path, name: str) -> list[dict[str, Any]]:
+    """Every intact record of one file of a store (for export and for reloading sessions)."""
+    return [r for r in (_parse(line) for line in _lines(Path(store_dir) / name)) if r is not None]

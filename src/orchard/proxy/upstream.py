@@ -1,0 +1,146 @@
+"""The one client for the upstream model server: send a Chat Completions call, check and normalise its reply."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from orchard.errors import RequestError, UpstreamError, UpstreamNoTokensError, UpstreamTimeoutError
+from orchard.proxy.dialects.base import Completion, ToolCall, new_id
+
+FINISH_REASONS = {"stop", "length", "tool_calls"}
+
+
+@dataclass
+class UpstreamResult:
+    """A checked upstream reply: the raw body, its normalised completion and the engine's tokens."""
+
+    reply: dict[str, Any]
+    completion: Completion
+    prompt_token_ids: list[int] = field(default_factory=list)
+    completion_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class Upstream:
+    """A pooled HTTP client (aiohttp: its pool stays fast at hundreds of concurrent calls) for one OpenAI-compatible
+    server; the proxy's own upstream key is added here and nowhere else. Create it inside the running event loop."""
+
+    def __init__(self, base_url: str, api_key: Optional[str] = None, timeout_s: float = 600.0, max_connections: int = 1024):
+        import aiohttp
+
+        self.base_url = base_url.rstrip("/")
+        if not self.base_url.endswith("/v1"):
+            self.base_url += "/v1"
+        headers = {"content-type": "application/json"} | ({"Authorization": f"Bearer {api_key}"} if api_key else {})
+        self.session = aiohttp.ClientSession(
+            headers=headers, connector=aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=60),
+            timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=10), auto_decompress=True)
+
+    async def aclose(self) -> None:
+        await self.session.close()
+
+    async def complete(self, body: dict[str, Any], model_name: str, text_only: bool) -> UpstreamResult:
+        """Send one call; raise UpstreamError (infrastructure) or RequestError (the upstream refused the request)."""
+        started = time.perf_counter()
+        reply = await self._post(body)
+        result = parse_reply(reply, model_name, text_only)
+        result.seconds = time.perf_counter() - started
+        return result
+
+    async def models(self) -> list[dict[str, Any]]:
+        """The upstream's model list, or an empty list when it has none to give."""
+        import aiohttp
+
+        try:
+            async with self.session.get(self.base_url + "/models") as response:
+                data = (await response.json(content_type=None)).get("data", []) if response.status == 200 else []
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError):
+            return []
+        return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+    async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        import aiohttp
+
+        try:
+            async with self.session.post(self.base_url + "/chat/completions", data=json.dumps(body).encode()) as response:
+                return _checked_body(response.status, await response.read())
+        except asyncio.TimeoutError as e:
+            raise UpstreamTimeoutError("the upstream model server did not answer in time") from e
+        except aiohttp.ClientError as e:
+            raise UpstreamError(f"the upstream model server cannot be reached: {type(e).__name__}: {e}") from e
+
+
+def _checked_body(status: int, raw: bytes) -> dict[str, Any]:
+    text = raw[:500].decode(errors="replace")
+    if status >= 500 or status in (401, 403, 404, 408, 429):
+        raise UpstreamError(f"the upstream model server failed: HTTP {status}: {text}")
+    if status >= 400:
+        raise RequestError(f"the upstream model server refused the request: HTTP {status}: {text}")
+    try:
+        body = json.loads(raw)
+    except ValueError as e:
+        raise UpstreamError("the upstream model server replied with something that is not JSON") from e
+    if not isinstance(body, dict):
+        raise UpstreamError("the upstream model server's reply is not a JSON object")
+    return body
+
+
+def parse_reply(reply: dict[str, Any], model_name: str, text_only: bool) -> UpstreamResult:
+    """Normalise a ``chat.completion`` reply and take the engine's token ids and logprobs from it."""
+    choices = reply.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise UpstreamError("the upstream reply has no choices")
+    choice = choices[0]
+    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    completion = Completion(model=model_name, content=message.get("content") or None,
+                            tool_calls=_tool_calls(message.get("tool_calls")), finish_reason=_finish(choice),
+                            prompt_tokens=0, completion_tokens=0)
+    result = UpstreamResult(reply=reply, completion=completion)
+    if not text_only:
+        _take_tokens(result, reply, choice)
+    usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else {}
+    completion.prompt_tokens = int(usage.get("prompt_tokens") or len(result.prompt_token_ids))
+    completion.completion_tokens = int(usage.get("completion_tokens") or len(result.completion_token_ids))
+    return result
+
+
+def _finish(choice: dict[str, Any]) -> str:
+    reason = choice.get("finish_reason") or "stop"
+    return reason if reason in FINISH_REASONS else ("tool_calls" if reason == "function_call" else "stop")
+
+
+def _tool_calls(raw: Any) -> list[ToolCall]:
+    calls = []
+    for item in raw or []:
+        fn = item.get("function") if isinstance(item, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise UpstreamError("the upstream reply holds a malformed tool call")
+        arguments = fn.get("arguments")
+        calls.append(ToolCall(id=item.get("id") or new_id("call_"), name=fn["name"],
+                              arguments=arguments if isinstance(arguments, str) else json.dumps(arguments or {})))
+    return calls
+
+
+def _take_tokens(result: UpstreamResult, reply: dict[str, Any], choice: dict[str, Any]) -> None:
+    prompt_ids = reply.get("prompt_token_ids", choice.get("prompt_token_ids"))
+    completion_ids = choice.get("token_ids")
+    if not _is_ids(prompt_ids) or not _is_ids(completion_ids):
+        raise UpstreamNoTokensError(
+            "the upstream model server returned no token ids (prompt_token_ids and choices[0].token_ids, as vLLM does "
+            "with return_token_ids): training needs the engine's own tokens. Point the proxy at an engine that returns "
+            "them, or open the session with text_only=true to record text only")
+    content = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
+    if not isinstance(content, list) or len(content) != len(completion_ids):
+        raise UpstreamError(f"the upstream's logprobs ({len(content) if isinstance(content, list) else 'none'}) "
+                            f"are not aligned with its {len(completion_ids)} completion token ids")
+    result.prompt_token_ids, result.completion_token_ids = prompt_ids, completion_ids
+    result.logprobs = [float(entry.get("logprob", 0.0)) for entry in content]
+
+
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) for t in value)

@@ -1,0 +1,1 @@
+"""The rollout engine: tasks x samples x harness x model endpoint into scored trajectories (distillation, RL, eval)."""

@@ -1,0 +1,117 @@
+"""Start the parts a rollout run needs on this machine: Orchard Env, a model server and the recording proxy."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import httpx
+
+from orchard.env.runner import ServiceProcess, free_port
+from orchard.errors import OrchardError
+
+
+class Proc:
+    """One `orchard ...` child process on a free port, healthy before use, stopped on exit; logs to a file."""
+
+    def __init__(self, name: str, argv: list[str], port: int, log_dir: Path, env: Optional[dict[str, str]] = None,
+                 health: str = "/health"):
+        self.name, self.argv, self.port = name, argv, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_dir / f"{name}.log"
+        self.env = {**os.environ, **(env or {})}
+        self.health = health
+        self.proc: Optional[subprocess.Popen] = None
+
+    def start(self, timeout: float = 120.0) -> "Proc":
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "orchard.cli", *self.argv], env=self.env,
+                                     stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise OrchardError(f"{self.name} exited early: {self.log_path.read_text()[-2000:]}")
+            try:
+                if httpx.get(self.url + self.health, timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise OrchardError(f"{self.name} not healthy after {timeout:.0f}s: {self.log_path.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class Stack:
+    """Orchard Env (local backend) + a model server + the proxy in front of it; a context manager.
+
+    ``model`` is a URL (an existing OpenAI-compatible server: vLLM, SGLang, `orchard model serve`), or
+    ``oracle`` (the scripted server answering with the oracle teacher over ``tasks_file``), or ``local``
+    (`orchard model serve` with SmolLM2 on this machine). Pass ``env_url`` to use a running Orchard Env.
+    """
+
+    def __init__(self, model: str, work_dir: Path, tasks_file: Optional[Path] = None, oracle_error_rate: float = 0.3,
+                 oracle_seed: int = 0, env_url: Optional[str] = None, tools_dir: Optional[Path] = None):
+        self.model, self.work_dir, self.tasks_file = model, Path(work_dir), tasks_file
+        self.oracle_env = {"ORCHARD_ORACLE_ERROR_RATE": str(oracle_error_rate), "ORCHARD_ORACLE_SEED": str(oracle_seed)}
+        self.env_url, self.tools_dir = env_url, tools_dir
+        self.procs: list[Proc] = []
+        self.service: Optional[ServiceProcess] = None
+        self.model_url = self.proxy_url = ""
+
+    def __enter__(self) -> "Stack":
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.model_url = self._model()
+            proxy_port = free_port()
+            self.proxy_url = self._start(Proc("proxy", ["proxy", "serve", "--upstream", self.model_url, "--port",
+                                                        str(proxy_port), "--store", str(self.work_dir / "proxy-store"),
+                                                        "--no-auth", "--durability", "flush"], proxy_port, self.work_dir))
+            self.env_url = self.env_url or self._service(proxy_port)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _start(self, proc: Proc, timeout: float = 120.0) -> str:
+        self.procs.append(proc)
+        return proc.start(timeout).url
+
+    def _model(self) -> str:
+        if self.model.startswith(("http://", "https://")):
+            return self.model
+        port = free_port()
+        if self.model == "oracle":
+            if self.tasks_file is None:
+                raise OrchardError("the oracle teacher needs the tasks it answers for")
+            env = {**self.oracle_env, "ORCHARD_ORACLE_TASKS": str(self.tasks_file)}
+            argv = ["model", "serve", "--scripted", "--policy", "orchard.rollout.oracle:policy", "--port", str(port)]
+            return self._start(Proc("model", argv, port, self.work_dir, env))
+        if self.model == "local":
+            return self._start(Proc("model", ["model", "serve", "--port", str(port)], port, self.work_dir), 900)
+        raise OrchardError(f"--model must be a URL, 'oracle' or 'local', not {self.model!r}")
+
+    def _service(self, proxy_port: int) -> str:
+        env = {"ORCHARD_FORWARD_ALLOWLIST": f"127.0.0.1:{proxy_port}"}
+        if self.tools_dir:
+            env["ORCHARD_TOOLS_DIR"] = str(self.tools_dir)
+        self.service = ServiceProcess(env=env, args=["--no-auth"]).start(60)
+        return self.service.url
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+        if self.service is not None:
+            self.service.__exit__()
