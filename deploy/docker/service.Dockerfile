@@ -6,11 +6,11 @@ FROM python:3.11-slim-bookworm AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY src/ src/
-RUN pip install --no-cache-dir --prefix=/install ".[server,k8s]"
+RUN python3.11 -m venv /opt/orchard && /opt/orchard/bin/pip install --no-cache-dir ".[server,k8s]"
 
 FROM python:3.11-slim-bookworm
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
-COPY --from=build /install /usr/local
+ENV PATH=/opt/orchard/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+COPY --from=build /opt/orchard /opt/orchard
 RUN groupadd --gid 10001 orchard && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin orchard \
     && mkdir -p /var/lib/orchard && chown 10001:10001 /var/lib/orchard
 USER 10001:10001

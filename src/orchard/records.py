@@ -49,7 +49,7 @@ class ModelCall(BaseModel):
     finish_reason: Optional[str] = None
     """Why sampling stopped: stop, length or tool_calls (None for failed calls)."""
     text_only: bool = False
-    """True when the session records text only (an upstream without token ids, e.g. a hosted API)."""
+    """True when the call carries no token ids: a text-only session in front of an upstream that returns none (a hosted API)."""
     status: CallStatus = "ok"
     """``ok`` when the harness got a model reply, ``error`` when it got an error."""
     error: Optional[str] = None

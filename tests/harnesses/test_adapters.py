@@ -54,10 +54,16 @@ def test_launch_runs_from_the_tools_folder_against_the_session(name, endpoint):
 
 
 def test_codex_runs_without_its_own_sandbox_against_a_responses_provider(endpoint):
-    argv = HARNESSES["codex"].launch("x", endpoint, Budget(), "/w").argv
-    assert "--dangerously-bypass-approvals-and-sandbox" in argv and "--skip-git-repo-check" in argv
-    provider = argv[argv.index("model_provider=orchard") + 2]
-    assert 'wire_api = "responses"' in provider and 'env_key = "ORCHARD_MODEL_KEY"' in provider
+    import tomllib
+
+    launch = HARNESSES["codex"].launch("x", endpoint, Budget(), "/w")
+    assert "--dangerously-bypass-approvals-and-sandbox" in launch.argv and "--skip-git-repo-check" in launch.argv
+    config = tomllib.loads(launch.files[launch.env["CODEX_HOME"] + "/config.toml"])
+    assert config["model_provider"] == "orchard" and config["model"] == "m1" and config["analytics"] == {"enabled": False}
+    assert config["model_providers"]["orchard"] == {
+        "name": "orchard", "base_url": endpoint.url("openai_responses"), "env_key": "ORCHARD_MODEL_KEY",
+        "wire_api": "responses", "request_max_retries": 0, "stream_max_retries": 0}
+    assert launch.env["ORCHARD_MODEL_KEY"] == endpoint.key
 
 
 def test_opencode_config_declares_the_proxy_provider(endpoint):
@@ -175,3 +181,6 @@ def test_cli_install_list_and_errors(tmp_path):
     assert "minimal          openai_chat          installed" in listing and "codex            openai_responses     not installed" in listing
     bad = orchard("install", "nosuch", "--tools-dir", str(tmp_path))
     assert bad.returncode == 2 and "Unknown harness 'nosuch'" in bad.stderr
+
+    bad = orchard("run", "--harness", "minimal", "--instruction", "x", "--sandbox", "s", "--session", "{not json", "--port", "1")
+    assert bad.returncode == 2 and "--session must be the proxy's POST /sessions reply" in bad.stderr

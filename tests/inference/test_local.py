@@ -52,6 +52,8 @@ def test_greedy_reply_has_aligned_ids_and_logprobs(client, engine):
                for e in entries)
     assert choice["message"]["content"] == engine.tokenizer.decode(choice["token_ids"])
     assert reply["usage"]["completion_tokens"] == 4
+    stats = client.get("/health").json()["stats"]
+    assert stats["requests"] >= 1 and stats["tokens"] >= 4 and stats["tokens_per_busy_s"] > 0
 
 
 def test_same_seed_same_tokens(client):
@@ -83,7 +85,7 @@ def test_batched_greedy_equals_unbatched(engine):
 
 
 def test_concurrent_requests_are_batched(engine):
-    engine = LocalEngine(engine.model, engine.tokenizer, max_batch=8, batch_wait_s=0.05)
+    engine = LocalEngine(engine.model, engine.tokenizer, max_batch=8, batch_wait_s=1.0)
     jobs = [Job(prompt_ids=engine.tokenizer.prompt_ids(QUESTION), max_tokens=2, temperature=0.0) for _ in range(4)]
 
     async def run():
@@ -93,8 +95,27 @@ def test_concurrent_requests_are_batched(engine):
             await engine.aclose()
 
     results = asyncio.run(run())
-    assert engine.batch_sizes == [4]
+    assert engine.peak_batch == 4
     assert len({tuple(r.token_ids) for r in results}) == 1
+
+
+def test_rows_joining_a_running_batch_decode_as_alone(engine):
+    """Continuous batching: a row admitted mid-flight (cache merged, left-padded) and rows leaving early."""
+    from orchard.inference.local import Decoder, _generator, _Row
+
+    short = Job(prompt_ids=engine.tokenizer.prompt_ids(QUESTION), max_tokens=2, temperature=0.0)
+    long = Job(prompt_ids=engine.tokenizer.prompt_ids([{"role": "user", "content": "Tell me about the moon and tides."}]),
+               max_tokens=5, temperature=0.0)
+    late = Job(prompt_ids=engine.tokenizer.prompt_ids([{"role": "user", "content": "Hi"}]), max_tokens=3, temperature=0.0)
+    alone = [engine.run_batch([job])[0].token_ids for job in (short, long, late)]
+    decoder = Decoder(engine.model, engine.tokenizer, "cpu")
+    rows = [_Row(job, _generator(None, "cpu")) for job in (short, long, late)]
+    decoder.admit(rows[:2])
+    decoder.step()
+    decoder.admit(rows[2:])
+    while decoder.rows:
+        decoder.step()
+    assert [row.ids for row in rows] == alone
 
 
 def test_end_of_turn_is_kept_in_ids(client, engine):
@@ -119,3 +140,21 @@ def test_sampler_rules():
     picks = [sample(logits, wide, torch.Generator().manual_seed(s))[0] for s in range(40)]
     assert picks == [sample(logits, wide, torch.Generator().manual_seed(s))[0] for s in range(40)]
     assert set(picks) >= {1, 3}
+
+
+def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(engine):
+    from orchard.errors import ModelError
+
+    engine = LocalEngine(engine.model, engine.tokenizer, batch_wait_s=0.0)
+    broken = Job(prompt_ids=[engine.tokenizer.vocab_size + 10], max_tokens=1, temperature=0.0)
+    fine = Job(prompt_ids=engine.tokenizer.prompt_ids(QUESTION), max_tokens=1, temperature=0.0)
+
+    async def run():
+        try:
+            with pytest.raises(ModelError, match="generation failed"):
+                await engine.submit(broken)
+            return await engine.submit(fine)
+        finally:
+            await engine.aclose()
+
+    assert len(asyncio.run(run()).token_ids) == 1

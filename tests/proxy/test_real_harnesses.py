@@ -91,12 +91,17 @@ def test_real_harness_through_the_proxy(live_proxy, upstream, tmp_path, harness)
     workdir.mkdir()
     home.mkdir()
     command, env = harness(session, workdir, home)
-    run = subprocess.run(command, cwd=workdir, env=os.environ | {"HOME": str(home)} | env, timeout=300,
-                         stdin=subprocess.DEVNULL, capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    base = os.environ | {"HOME": str(home), "PWD": str(workdir)}  # OpenCode takes its project folder from $PWD
+    run = subprocess.run(command, cwd=workdir, env=base | env, timeout=300, stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:] + _logs(home)
     assert (workdir / "hello.txt").read_text() == "hello\n"
     result = httpx.get(f"{live_proxy}/sessions/{session['id']}/trajectories", headers=admin).json()
     main = max(result["trajectories"], key=lambda t: len(t["calls"]))
     assert len(main["calls"]) >= 2 and not main["ambiguous"]
     sampled = sorted(bytes(s["input_ids"][s["prompt_length"]:]).decode() for s in result["samples"])
     assert sampled == sorted(render_completion(d.get("content") or "", d.get("tool_calls") or []) for d in decisions)
+
+
+def _logs(home) -> str:
+    return "".join(p.read_text()[-3000:] for p in home.rglob("*.log"))

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import httpx
 import pytest
@@ -137,10 +136,19 @@ def test_export_loads_with_hugging_face_datasets(proxy, upstream, tmp_path):
     assert json.loads(text_row["reply"])["choices"][0]["message"]["content"] == "Checking."
 
 
-def test_export_cli_refuses_a_non_store(tmp_path):
-    from orchard.proxy.cli import _export
 
-    class Args:
-        store, out = str(tmp_path / "nothing"), str(tmp_path / "out")
-    assert _export(Args()) == 2
-    assert not Path(Args.out).exists()
+
+@pytest.mark.parametrize("durability", ["fsync", "flush"])
+def test_an_unrecordable_call_is_not_answered(make_proxy, durability):
+    proxy = make_proxy(durability=durability)
+    session = proxy.open()
+    recorder = proxy.client.app.state.proxy.recorder
+
+    def full_disk(batch):
+        raise OSError(28, "No space left on device")
+
+    recorder._write = full_disk
+    response = proxy.client.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+                                 headers={"Authorization": f"Bearer {session['key']}"})
+    assert response.status_code == 500 and "could not record" in response.json()["error"]["message"]
+    assert "choices" not in response.json()

@@ -29,7 +29,7 @@ def test_no_auth_mode_opens_sessions_without_a_key(make_proxy):
 def test_unknown_or_missing_keys_are_refused(proxy, upstream):
     proxy.open()
     assert call(proxy, "sk-guess").status_code == 403
-    assert proxy.client.post("/v1/chat/completions", json=CHAT).status_code == 403
+    assert proxy.client.post("/v1/chat/completions", json=CHAT).status_code == 401
     assert call(proxy, "sk-guess", "/v1/messages", header="x-api-key").json()["type"] == "error"
     assert upstream.requests == []
 
@@ -103,3 +103,10 @@ def test_base_urls_answer_a_reachability_probe(proxy):
     session = proxy.open()
     assert proxy.client.head(f"/sessions/{session['id']}").status_code == 200
     assert proxy.client.head("/").status_code == 200
+
+
+def test_unknown_endpoints_answer_404_in_the_dialect(proxy):
+    response = proxy.client.post("/v1/embeddings", json={})
+    assert response.status_code == 404 and response.json()["error"]["type"] == "not_found_error"
+    response = proxy.client.get("/v1/files", headers={"anthropic-version": "2023-06-01"})
+    assert response.status_code == 404 and response.json()["type"] == "error"

@@ -88,3 +88,10 @@ def test_misaligned_logprobs_are_an_upstream_error(proxy, upstream):
         assert "not aligned" in json.dumps(calls_of(proxy, session))
     finally:
         del upstream.completion
+
+
+def test_text_only_session_still_keeps_tokens_an_upstream_returns(proxy, upstream):
+    session = proxy.open(text_only=True)
+    call(proxy, session)
+    [record] = calls_of(proxy, session)
+    assert not record["text_only"] and record["completion_token_ids"] and record["prompt_token_ids"]

@@ -9,7 +9,7 @@ from orchard.harnesses.codex import Codex
 from orchard.harnesses.mini_swe_agent import MiniSweAgent
 from orchard.harnesses.minimal import Minimal
 from orchard.harnesses.opencode import OpenCode
-from orchard.harnesses.run import run_harness
+from orchard.harnesses.run import arun_harness, run_harness
 
 HARNESSES: dict[str, Harness] = {h.name: h for h in (Codex(), ClaudeCode(), OpenCode(), MiniSweAgent(), Minimal())}
 
@@ -22,4 +22,4 @@ def get_harness(name: str) -> Harness:
         raise HarnessError(f"Unknown harness {name!r}; known: {', '.join(HARNESSES)}") from None
 
 
-__all__ = ["HARNESSES", "Budget", "Endpoint", "Harness", "HarnessResult", "Launch", "get_harness", "run_harness"]
+__all__ = ["HARNESSES", "Budget", "Endpoint", "Harness", "HarnessResult", "Launch", "arun_harness", "get_harness", "run_harness"]

@@ -47,8 +47,12 @@ def _run(args: argparse.Namespace) -> int:
     from orchard.errors import OrchardError
     from orchard.harnesses import Budget, Endpoint, run_harness
 
-    session = json.loads(args.session) if args.session.lstrip().startswith("{") else json.load(open(args.session))
-    endpoint = Endpoint.from_session(session, port=args.port, model=args.model)
+    try:
+        endpoint = Endpoint.from_session(_session(args.session), port=args.port, model=args.model)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"error: --session must be the proxy's POST /sessions reply (JSON text or a file) with key and base_urls: {e}",
+              file=sys.stderr)
+        return 2
     try:
         with SandboxClient(base_url=args.url, api_key=args.api_key) as client:
             result = run_harness(client, args.sandbox, args.harness, endpoint, args.instruction,
@@ -58,6 +62,13 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     print(result.model_dump_json(indent=2))
     return 0 if result.reason == "done" else 1
+
+
+def _session(text: str) -> dict:
+    if text.lstrip().startswith("{"):
+        return json.loads(text)
+    with open(text) as f:
+        return json.load(f)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

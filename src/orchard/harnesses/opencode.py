@@ -42,7 +42,7 @@ class OpenCode:
         config_path = f"{HOME}/opencode.json"
         argv = [tool("opencode"), "run", "--pure", "--auto", "--model", f"orchard/{endpoint.model}",
                 "--title", "orchard", "--dir", workdir, "--", instruction]
-        env = {**QUIET, "OPENCODE_CONFIG": config_path, "HOME": HOME, "XDG_CONFIG_HOME": f"{HOME}/config",
+        env = {**QUIET, "OPENCODE_CONFIG": config_path, "HOME": HOME, "PWD": workdir, "XDG_CONFIG_HOME": f"{HOME}/config",
                "XDG_DATA_HOME": f"{HOME}/data", "XDG_CACHE_HOME": f"{HOME}/cache", "XDG_STATE_HOME": f"{HOME}/state",
                "NO_COLOR": "1"}
         return Launch(argv=argv, env=env, files={config_path: json.dumps(config(endpoint, budget), indent=2)}, cwd=workdir)

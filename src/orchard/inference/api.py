@@ -259,7 +259,8 @@ def create_app(engine: Engine) -> Any:
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "model": engine.model_name}
+        stats = getattr(engine, "stats", None)
+        return {"status": "ok", "model": engine.model_name, **({"stats": stats()} if stats else {})}
 
     app.add_exception_handler(RequestValidationError, lambda _r, e: _error(400, _validation_message(e)))
     app.add_exception_handler(OrchardError, lambda _r, e: _error(e.status_code, e.detail, type(e).__name__))

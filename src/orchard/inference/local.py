@@ -1,17 +1,19 @@
-"""An engine that runs a transformers causal LM, batching concurrent requests together.
+"""An engine that runs a transformers causal LM, batching concurrent requests continuously.
 
-Requests wait in a queue; a batcher takes the first one, collects more for ``batch_wait_s`` (up to
-``max_batch``) and decodes them together with left padding and one KV cache, each row with its own sampling
-parameters and seeded generator. A batch runs to its last row's end; requests that arrive meanwhile form the
-next batch. Logprobs are the model's own (log-softmax of the raw logits, before temperature and top_p), as vLLM
-reports them by default.
+One decoding thread owns the model. Between two decode steps it admits waiting requests (up to ``max_batch``
+rows; when idle it waits ``batch_wait_s`` for company): their prompts are prefilled together, left-padded, and
+their KV cache is merged into the running batch's; rows that finish leave at once. Each row keeps its own
+sampling parameters and seeded generator. Logprobs are the model's own (log-softmax of the raw logits, before
+temperature and top_p), as vLLM reports them by default.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
+import queue
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -36,19 +38,23 @@ class Job:
 
 @dataclass
 class _Row:
-    """A job's progress inside a running batch."""
+    """A job's progress while it is being decoded, and where its result goes."""
 
     job: Job
     generator: Any
+    reply_to: Optional[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = None
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
     finish: Optional[str] = None
     text: Optional[str] = None
 
+    def abandoned(self) -> bool:
+        return self.reply_to is not None and self.reply_to[1].done()
+
 
 class LocalEngine:
-    """A transformers model behind the shared API, on the CPU or a GPU."""
+    """A transformers model behind the shared API, on the CPU or a GPU, with continuous batching."""
 
     def __init__(self, model: Any, tokenizer: ChatTokenizer, *, device: str = "cpu", max_batch: int = 8,
                  batch_wait_s: float = 0.005, model_name: Optional[str] = None, default_max_tokens: int = 1024):
@@ -60,9 +66,11 @@ class LocalEngine:
         self.model_name = model_name or tokenizer.name
         self.max_context = int(getattr(model.config, "max_position_embeddings", 2048))
         self.default_max_tokens = default_max_tokens
-        self.batch_sizes: list[int] = []
-        self._queue: Optional[asyncio.Queue] = None
-        self._worker: Optional[asyncio.Task] = None
+        self.peak_batch = 0
+        self.counters = {"requests": 0, "tokens": 0, "busy_s": 0.0}
+        self._inbox: queue.Queue = queue.Queue()
+        self._worker: Optional[threading.Thread] = None
+        self._start_lock = threading.Lock()
 
     @classmethod
     def load(cls, model: str = "SmolLM2-135M-Instruct", *, device: str = "auto", **kwargs: Any) -> "LocalEngine":
@@ -82,89 +90,186 @@ class LocalEngine:
         return await self.submit(job)
 
     async def submit(self, job: Job) -> Generation:
-        """Queue one job and wait for its batch to finish it."""
-        if self._worker is None or self._worker.done() or self._worker.get_loop() is not asyncio.get_running_loop():
-            self._queue = asyncio.Queue()  # the first request on this event loop starts its batcher
-            self._worker = asyncio.create_task(self._batcher())
-        done: asyncio.Future = asyncio.get_running_loop().create_future()
-        await self._queue.put((job, done))
+        """Hand one job to the decoding thread and wait for its result."""
+        self._ensure_worker()
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        self._inbox.put(_Row(job, _generator(job.seed, self.device), reply_to=(loop, done)))
         return await done
 
     async def aclose(self) -> None:
-        if self._worker is not None and self._worker.get_loop() is asyncio.get_running_loop():
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
+        worker = self._worker
+        if worker is not None and worker.is_alive():
+            self._inbox.put(None)
+            await asyncio.to_thread(worker.join)
+        self._worker = None
 
-    async def _batcher(self) -> None:
+    def _ensure_worker(self) -> None:
+        with self._start_lock:
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._serve, name="orchard-decoder", daemon=True)
+                self._worker.start()
+
+    # -- the decoding thread -----------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        """Admit waiting jobs whenever there is room, advance every admitted row one token, repeat."""
+        decoder = Decoder(self.model, self.tokenizer, self.device)
         while True:
-            batch = await self._collect()
-            jobs = [job for job, _ in batch]
+            arrivals, stopping = self._take(block=not decoder.rows, room=self.max_batch - len(decoder.rows))
+            if stopping:
+                _fail(decoder.rows + arrivals, ModelError("the model server is shutting down"))
+                return
+            started = time.perf_counter()
             try:
-                results = await asyncio.to_thread(self.run_batch, jobs)
-            except Exception as e:  # the whole batch failed: every waiting request hears why
-                failure = ModelError(f"generation failed: {type(e).__name__}: {e}")
-                for _, done in batch:
-                    if not done.done():
-                        done.set_exception(failure)
-                continue
-            for (_, done), result in zip(batch, results):
-                if not done.done():
-                    done.set_result(result)
+                if arrivals:
+                    decoder.admit(arrivals)
+                    self.peak_batch = max(self.peak_batch, len(decoder.rows))
+                if decoder.rows:
+                    self.counters["tokens"] += len(decoder.rows)
+                    for row in decoder.step():
+                        self.counters["requests"] += 1
+                        _reply(row, self._result(row))
+            except Exception as e:  # a failed step fails the rows in it; the server goes on
+                _fail(decoder.rows + arrivals, ModelError(f"generation failed: {type(e).__name__}: {e}"))
+                decoder = Decoder(self.model, self.tokenizer, self.device)
+            finally:
+                self.counters["busy_s"] += time.perf_counter() - started
 
-    async def _collect(self) -> list[tuple[Job, asyncio.Future]]:
-        batch = [await self._queue.get()]
-        deadline = asyncio.get_running_loop().time() + self.batch_wait_s
-        while len(batch) < self.max_batch:
-            left = deadline - asyncio.get_running_loop().time()
+    def stats(self) -> dict[str, Any]:
+        """What the engine has done: requests, tokens, time spent decoding, tokens/s while busy, largest batch."""
+        busy = self.counters["busy_s"]
+        return {**self.counters, "busy_s": round(busy, 3), "peak_batch": self.peak_batch,
+                "tokens_per_busy_s": round(self.counters["tokens"] / busy, 1) if busy else None}
+
+    def _take(self, *, block: bool, room: int) -> tuple[list[_Row], bool]:
+        """Jobs waiting now (when idle: wait for one, then up to ``batch_wait_s`` for more), and whether to stop."""
+        taken: list[_Row] = []
+        deadline = None
+        while len(taken) < room:
             try:
-                batch.append(self._queue.get_nowait() if left <= 0 else await asyncio.wait_for(self._queue.get(), left))
-            except (asyncio.QueueEmpty, asyncio.TimeoutError):
+                if block and not taken:
+                    item = self._inbox.get()
+                    deadline = time.monotonic() + self.batch_wait_s
+                elif deadline is not None and (left := deadline - time.monotonic()) > 0:
+                    item = self._inbox.get(timeout=left)
+                else:
+                    item = self._inbox.get_nowait()
+            except queue.Empty:
                 break
-        return batch
-
-    # -- the decoding loop (runs in a worker thread) -----------------------------------------------
+            if item is None:
+                return taken, True
+            taken.append(item)
+        return [row for row in taken if not row.abandoned()], False
 
     def run_batch(self, jobs: list[Job]) -> list[Generation]:
-        """Decode ``jobs`` together: one prefill over the left-padded prompts, then one token per row per step."""
-        import torch
-
-        self.batch_sizes.append(len(jobs))
+        """Decode ``jobs`` together in the calling thread (no queue): for tests and measurements."""
+        decoder = Decoder(self.model, self.tokenizer, self.device)
         rows = [_Row(job, _generator(job.seed, self.device)) for job in jobs]
-        with torch.inference_mode():
-            logits, cache, mask, positions = self._prefill(jobs)
-            for _ in range(max(job.max_tokens for job in jobs)):
-                tokens = [self._advance(row, logits[i]) for i, row in enumerate(rows)]
-                if all(row.finish for row in rows):
-                    break
-                logits, cache, mask, positions = self._step(tokens, cache, mask, positions)
+        decoder.admit(rows)
+        while decoder.rows:
+            decoder.step()
         return [self._result(row) for row in rows]
 
-    def _prefill(self, jobs: list[Job]) -> tuple[Any, Any, Any, Any]:
+    def _result(self, row: _Row) -> Generation:
+        if row.text is None:
+            body = row.ids[:-1] if row.finish == "stop" and row.ids[-1] in self.tokenizer.stop_ids else row.ids
+            row.text = self.tokenizer.decode(body)
+        return Generation(token_ids=row.ids, logprobs=row.logprobs, finish_reason=row.finish or "length",
+                          text=row.text, top_logprobs=row.top if row.job.top_logprobs else None)
+
+
+class Decoder:
+    """Rows decoded together over one KV cache; rows join (prefilled, left-padded) and leave between steps."""
+
+    def __init__(self, model: Any, tokenizer: ChatTokenizer, device: str):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.rows: list[_Row] = []
+        self._logits = self._cache = self._mask = self._positions = None
+
+    def admit(self, rows: list[_Row]) -> None:
+        """Prefill the new rows' prompts together and merge them into the running batch."""
         import torch
 
-        width = max(len(job.prompt_ids) for job in jobs)
+        with torch.inference_mode():
+            state = self._prefill([row.job.prompt_ids for row in rows])
+        self.rows.extend(rows)
+        if self._cache is None:
+            self._logits, self._cache, self._mask, self._positions = state
+        else:
+            self._merge(*state)
+
+    def step(self) -> list[_Row]:
+        """Sample one token for every row; return the rows that finished (and drop them from the batch)."""
+        import torch
+
+        tokens = [self._advance(row, self._logits[i]) for i, row in enumerate(self.rows)]
+        keep = [i for i, row in enumerate(self.rows) if not row.finish and not row.abandoned()]
+        finished = [row for row in self.rows if row.finish or row.abandoned()]
+        if len(keep) < len(self.rows):
+            self._select(keep)
+        if self.rows:
+            with torch.inference_mode():
+                self._forward([tokens[i] for i in keep])
+        return finished
+
+    def _prefill(self, prompts: list[list[int]]) -> tuple[Any, Any, Any, Any]:
+        import torch
+
+        width = max(len(p) for p in prompts)
         pad = self.tokenizer.end_of_turn_id
-        ids = torch.tensor([[pad] * (width - len(j.prompt_ids)) + j.prompt_ids for j in jobs], device=self.device)
-        mask = torch.tensor([[0] * (width - len(j.prompt_ids)) + [1] * len(j.prompt_ids) for j in jobs],
-                            device=self.device)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :].float(), out.cache, mask, positions[:, -1:]
 
-    def _step(self, tokens: list[int], cache: Any, mask: Any, positions: Any) -> tuple[Any, Any, Any, Any]:
+    def _forward(self, tokens: list[int]) -> None:
         import torch
 
         ids = torch.tensor(tokens, device=self.device).unsqueeze(-1)
-        mask = torch.cat([mask, mask.new_ones((len(tokens), 1))], dim=-1)
-        positions = positions + 1
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
-        return out.logits[:, -1, :].float(), out.cache, mask, positions
+        self._mask = torch.cat([self._mask, self._mask.new_ones((len(tokens), 1))], dim=-1)
+        self._positions = self._positions + 1
+        out = self.model(input_ids=ids, attention_mask=self._mask, position_ids=self._positions, cache=self._cache,
+                         use_cache=True)
+        self._logits, self._cache = out.logits[:, -1, :].float(), out.cache
+
+    def _merge(self, logits: Any, cache: Any, mask: Any, positions: Any) -> None:
+        """Join two batches: the shorter one's cache and mask get padding on the left (masked out)."""
+        import torch
+        import torch.nn.functional as F
+
+        old, new = self._mask.shape[1], mask.shape[1]
+        width = max(old, new)
+        for mine, theirs in zip(self._cache.layers, cache.layers):
+            mine.keys = torch.cat([F.pad(mine.keys, (0, 0, width - old, 0)), F.pad(theirs.keys, (0, 0, width - new, 0))])
+            mine.values = torch.cat([F.pad(mine.values, (0, 0, width - old, 0)),
+                                     F.pad(theirs.values, (0, 0, width - new, 0))])
+        self._mask = torch.cat([F.pad(self._mask, (width - old, 0)), F.pad(mask, (width - new, 0))])
+        self._positions = torch.cat([self._positions, positions])
+        self._logits = torch.cat([self._logits, logits])
+
+    def _select(self, keep: list[int]) -> None:
+        """Keep only these rows, and drop cache columns that are padding for every row left."""
+        import torch
+
+        self.rows = [self.rows[i] for i in keep]
+        if not keep:
+            self._logits = self._cache = self._mask = self._positions = None
+            return
+        index = torch.tensor(keep, device=self.device)
+        self._cache.batch_select_indices(index)
+        self._mask, self._positions, self._logits = self._mask[index], self._positions[index], self._logits[index]
+        unused = int((self._mask.sum(0) == 0).long().cumprod(0).sum())
+        if unused:
+            self._mask = self._mask[:, unused:]
+            for layer in self._cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, unused:], layer.values[:, :, unused:]
 
     def _advance(self, row: _Row, logits: Any) -> int:
-        """Sample the row's next token and record it; a finished row just feeds padding."""
-        if row.finish:
-            return self.tokenizer.end_of_turn_id
+        """Sample the row's next token and record it."""
         token, logprob, top = sample(logits, row.job, row.generator)
         row.ids.append(token)
         row.logprobs.append(logprob)
@@ -180,12 +285,18 @@ class LocalEngine:
         elif len(row.ids) >= row.job.max_tokens:
             row.finish = "length"
 
-    def _result(self, row: _Row) -> Generation:
-        if row.text is None:
-            body = row.ids[:-1] if row.finish == "stop" and row.ids[-1] in self.tokenizer.stop_ids else row.ids
-            row.text = self.tokenizer.decode(body)
-        return Generation(token_ids=row.ids, logprobs=row.logprobs, finish_reason=row.finish or "length",
-                          text=row.text, top_logprobs=row.top if row.job.top_logprobs else None)
+
+def _reply(row: _Row, result: Generation) -> None:
+    """Hand a result to the waiting request on its own event loop (it may have gone away)."""
+    loop, done = row.reply_to
+    loop.call_soon_threadsafe(lambda: done.done() or done.set_result(result))
+
+
+def _fail(rows: list[_Row], error: Exception) -> None:
+    for row in rows:
+        if row.reply_to is not None:
+            loop, done = row.reply_to
+            loop.call_soon_threadsafe(lambda d=done: d.done() or d.set_exception(error))
 
 
 def sample(logits: Any, job: Job, generator: Any) -> tuple[int, float, list[tuple[int, float]]]:

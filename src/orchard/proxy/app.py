@@ -12,13 +12,12 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.routing import Route
 
-from orchard.errors import AuthError, ForbiddenError, OrchardError
+from orchard.errors import AuthError, ForbiddenError, NotFoundError, OrchardError
 from orchard.proxy import dialects
 from orchard.proxy.pipeline import Pipeline, api_key, error_response
-from orchard.proxy.recorder import SESSIONS, Durability, Recorder, read_records
+from orchard.proxy.recorder import SESSIONS, Durability, Recorder, load_call, read_records
 from orchard.proxy.sessions import RewardBody, SessionOptions, Sessions
 from orchard.proxy.stitching import samples, stitch
-from orchard.records import ModelCall
 
 
 class ProxySettings(BaseModel):
@@ -46,6 +45,8 @@ class ProxySettings(BaseModel):
     """Base of the URLs handed out per session (default: the URL the admin used to reach the proxy)."""
     max_body_bytes: int = 32 * 1024 * 1024
     """Largest request body a harness may send."""
+    stream_keepalive_s: float = Field(default=5.0, gt=0)
+    """A streaming call whose upstream takes longer than this opens its stream and sends keep-alive comments this often."""
 
 
 def create_app(settings: ProxySettings) -> FastAPI:
@@ -81,7 +82,8 @@ def _open_state(settings: ProxySettings, upstream: Any) -> _State:
     recorder = Recorder(settings.store_dir, settings.durability)
     sessions = Sessions()
     sessions.replay(read_records(settings.store_dir, SESSIONS), recorder.load_index())
-    return _State(sessions, recorder, Pipeline(sessions, recorder, upstream, settings.model, settings.max_body_bytes))
+    return _State(sessions, recorder, Pipeline(sessions, recorder, upstream, settings.model, settings.max_body_bytes,
+                                                     settings.stream_keepalive_s))
 
 
 async def _orchard_error(request: Request, error: Exception) -> JSONResponse:
@@ -144,13 +146,14 @@ def _admin_routes(app: FastAPI, settings: ProxySettings) -> None:
     @app.get("/sessions/{session_id}/calls")
     async def calls(session_id: str, state: _State = admin) -> list[dict[str, Any]]:
         state.sessions.get(session_id)
-        return await asyncio.to_thread(state.recorder.read_session_calls, session_id)
+        records = await asyncio.to_thread(state.recorder.read_session_calls, session_id)
+        return [load_call(r).model_dump() for r in records]
 
     @app.get("/sessions/{session_id}/trajectories")
     async def trajectories(session_id: str, state: _State = admin) -> dict[str, Any]:
         session = state.sessions.get(session_id)
         records = await asyncio.to_thread(state.recorder.read_session_calls, session_id)
-        models = [ModelCall.model_validate(r) for r in records]
+        models = [load_call(r) for r in records]
         return {"trajectories": [t.model_dump() for t in stitch(models, session.reward)],
                 "samples": [s.model_dump() for s in samples(models, session.reward)]}
 
@@ -171,6 +174,14 @@ def _harness_routes(app: FastAPI) -> None:
         for path in ("/v1/models", "/models", "/v1/models/{model_id:path}", "/models/{model_id:path}"):
             app.router.routes.append(Route(prefix + path, _models, methods=["GET"]))
         app.router.routes.append(Route(prefix or "/", _reachable, methods=["HEAD"]))
+    for prefix in ("", "/sessions/{session_id}"):
+        app.router.routes.append(Route(prefix + "/v1/{rest:path}", _unknown, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]))
+
+
+async def _unknown(request: Request) -> Response:
+    """Endpoints no harness needs answer 404 in the caller's dialect, so its SDK raises its own NotFound error."""
+    dialect = dialects.anthropic_messages if "anthropic-version" in request.headers else dialects.openai_chat
+    return error_response(dialect, NotFoundError(f"the proxy does not serve {request.method} {request.url.path}"))
 
 
 async def _reachable(request: Request) -> Response:

@@ -31,15 +31,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class _Server:
+    """A bench server process: where it answers, and how much CPU it has used."""
+
+    def __init__(self, url: str, pid: int | None):
+        self.url, self.pid = url, pid
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the process so far (0 for a server this bench did not start)."""
+        if self.pid is None:
+            return 0.0
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
-def _process(args: list[str], port: int) -> Iterator[str]:
+def _process(args: list[str], port: int) -> Iterator[_Server]:
     """Run one server (this module's child entry points) and wait until it answers /health."""
     proc = subprocess.Popen([sys.executable, "-m", "orchard.proxy.bench", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, proc)
-        yield url
+        yield _Server(url, proc.pid)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -106,37 +121,44 @@ async def _open_sessions(client: Any, proxy: str, n: int) -> list[str]:
     return keys
 
 
-async def _measure(args: argparse.Namespace, upstream: str, proxy: str) -> dict[str, Any]:
-    path, body = BODIES[args.dialect]
-    direct_body = BODIES["openai_chat"][1]
+async def _measure(args: argparse.Namespace, upstream: _Server, proxy: _Server) -> dict[str, Any]:
     import aiohttp  # the load generator must outrun the proxy: httpx's pool is too slow at 64 concurrent calls
 
+    path, body = BODIES[args.dialect]
+    direct_body, direct_url = BODIES["openai_chat"][1], upstream.url + "/v1/chat/completions"
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512)) as client:
-        keys = await _open_sessions(client, proxy, args.sessions)
-        result = await _latency(client, upstream + "/v1/chat/completions", proxy + path, keys[0], direct_body, body, args.latency_calls)
-        direct_rates, proxy_rates = [], []
+        keys = await _open_sessions(client, proxy.url, args.sessions)
+        result = await _latency(client, direct_url, proxy.url + path, keys[0], direct_body, body, args.latency_calls)
+        direct_rates, proxy_rates, proxy_cpu, upstream_cpu = [], [], 0.0, 0.0
         for _ in range(2):  # alternate, and keep the better of two runs each, to damp a shared machine's noise
-            direct_rates.append(await _throughput(client, upstream + "/v1/chat/completions", direct_body, [None] * args.sessions, args.calls_per_session))
-            proxy_rates.append(await _throughput(client, proxy + path, body, keys, args.calls_per_session))
-    result |= {"direct_calls_per_s": max(direct_rates), "proxy_calls_per_s": max(proxy_rates)}
+            cpu = upstream.cpu_seconds()
+            direct_rates.append(await _throughput(client, direct_url, direct_body, [None] * args.sessions, args.calls_per_session))
+            upstream_cpu += upstream.cpu_seconds() - cpu
+            cpu = proxy.cpu_seconds()
+            proxy_rates.append(await _throughput(client, proxy.url + path, body, keys, args.calls_per_session))
+            proxy_cpu += proxy.cpu_seconds() - cpu
+    calls = 2 * args.sessions * args.calls_per_session
+    result |= {"direct_calls_per_s": max(direct_rates), "proxy_calls_per_s": max(proxy_rates),
+               "proxy_cpu_ms_per_call": proxy_cpu * 1000 / calls,
+               "upstream_cpu_ms_per_call": upstream_cpu * 1000 / calls if upstream.pid else None}
     result["throughput_ratio"] = result["proxy_calls_per_s"] / result["direct_calls_per_s"]
     return result
 
 
 @contextmanager
-def _upstream(args: argparse.Namespace) -> Iterator[str]:
+def _upstream(args: argparse.Namespace) -> Iterator[_Server]:
     if args.upstream:
-        yield args.upstream.rstrip("/").removesuffix("/v1")
+        yield _Server(args.upstream.rstrip("/").removesuffix("/v1"), None)
         return
     port = _free_port()
-    with _process(["upstream", str(port), str(args.upstream_delay_ms)], port) as url:
-        yield url
+    with _process(["upstream", str(port), str(args.upstream_delay_ms)], port) as server:
+        yield server
 
 
 def main(args: argparse.Namespace) -> int:
     proxy_port = _free_port()
     with tempfile.TemporaryDirectory(prefix="orchard-proxy-bench-") as store:
-        with _upstream(args) as upstream, _process(["proxy", str(proxy_port), upstream, store, args.durability], proxy_port) as proxy:
+        with _upstream(args) as upstream, _process(["proxy", str(proxy_port), upstream.url, store, args.durability], proxy_port) as proxy:
             result = asyncio.run(_measure(args, upstream, proxy))
     result |= {"dialect": args.dialect, "durability": args.durability, "sessions": args.sessions,
                "upstream": args.upstream or "fake (in-package, byte tokens)", "upstream_delay_ms": args.upstream_delay_ms,
@@ -155,7 +177,13 @@ def _table(r: dict[str, Any]) -> str:
         f"                       added  p50 {r['added_p50_ms']:.2f} ms  p99 {r['added_p99_ms']:.2f} ms",
         f"throughput ({r['sessions']} sessions)  direct {r['direct_calls_per_s']:.0f} calls/s  proxy {r['proxy_calls_per_s']:.0f} calls/s"
         f"  ratio {r['throughput_ratio']:.2f}",
+        f"CPU per call           proxy {r['proxy_cpu_ms_per_call']:.2f} ms (one core: {1000 / max(r['proxy_cpu_ms_per_call'], 1e-9):.0f}"
+        f" calls/s), upstream {_ms(r['upstream_cpu_ms_per_call'])}; unlike the rates, these do not depend on the machine's load",
     ])
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} ms"
 
 
 def _child(argv: list[str]) -> None:

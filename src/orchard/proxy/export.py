@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from orchard.errors import RequestError
-from orchard.proxy.recorder import CALLS, SESSIONS, read_records
+from orchard.proxy.recorder import CALLS, SESSIONS, load_call, read_records
 from orchard.proxy.stitching import samples, stitch
 from orchard.records import ModelCall
 
@@ -19,7 +19,7 @@ def load_store(store_dir: str | Path) -> tuple[dict[str, list[ModelCall]], dict[
         raise RequestError(f"{store_dir} is not a proxy store (no {CALLS})")
     calls: dict[str, list[ModelCall]] = defaultdict(list)
     for record in read_records(store_dir, CALLS):
-        calls[record["session_id"]].append(ModelCall.model_validate(record))
+        calls[record["session_id"]].append(load_call(record))
     return dict(calls), _session_states(store_dir)
 
 

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from types import ModuleType
-from typing import Any, Callable, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
-from orchard.errors import (OrchardError, PayloadTooLargeError, RequestError, SessionLimitError, UpstreamError,
+from orchard.errors import (OrchardError, PayloadTooLargeError, RequestError, ServerError, SessionLimitError, UpstreamError,
                             UpstreamNoTokensError)
 from orchard.proxy.dialects.base import ChatCall
 from orchard.proxy.recorder import CALLS, SESSIONS, Recorder
@@ -42,9 +43,9 @@ class Pipeline:
     """Everything a call needs, shared by every route of every dialect."""
 
     def __init__(self, sessions: Sessions, recorder: Recorder, upstream: Upstream, model: Optional[str],
-                 max_body_bytes: int):
+                 max_body_bytes: int, keepalive_s: float = 5.0):
         self.sessions, self.recorder, self.upstream = sessions, recorder, upstream
-        self.model, self.max_body_bytes = model, max_body_bytes
+        self.model, self.max_body_bytes, self.keepalive_s = model, max_body_bytes, keepalive_s
 
     async def admit(self, dialect: ModuleType, request: Request, path_session: Optional[str],
                     parse: Optional[Callable[[Any], ChatCall]] = None) -> tuple[Session, Any, ChatCall]:
@@ -59,6 +60,7 @@ class Pipeline:
         raw = await request.body()
         if len(raw) > self.max_body_bytes:
             raise PayloadTooLargeError(f"request body over {self.max_body_bytes} bytes")
+        request.state.raw_body = raw
         try:
             return json.loads(raw)
         except ValueError as e:
@@ -68,7 +70,7 @@ class Pipeline:
         """Route entry point for every model call of every dialect."""
         started = time.time()
         try:
-            session, body, call = await self.admit(dialect, request, path_session)
+            session, _, call = await self.admit(dialect, request, path_session)
         except OrchardError as e:
             return error_response(dialect, e)
         try:
@@ -76,7 +78,13 @@ class Pipeline:
         except OrchardError as e:
             await self._note_limit(session)
             return error_response(dialect, e)
-        return await self.forward(dialect, session, body, call, index, budget, started)
+        work = asyncio.ensure_future(self.forward(dialect, session, request.state.raw_body, call, index, budget, started))
+        if call.stream:
+            await asyncio.wait({work}, timeout=self.keepalive_s)
+            if not work.done():
+                return StreamingResponse(_keepalive(dialect, work, self.keepalive_s), media_type="text/event-stream",
+                                         headers=SSE_HEADERS)
+        return await work
 
     def _take_slot(self, session: Session) -> tuple[int, Optional[int]]:
         if session.status == "refused":
@@ -90,42 +98,54 @@ class Pipeline:
             await self.recorder.append(SESSIONS, self.sessions.event(session, "status", status=session.status,
                                                                      reason=session.reason))
 
-    async def forward(self, dialect: ModuleType, session: Session, body: Any, call: ChatCall, index: int,
+    async def forward(self, dialect: ModuleType, session: Session, request_bytes: bytes, call: ChatCall, index: int,
                       budget: Optional[int], started: float) -> Response:
         """Ask upstream, record the outcome durably, then answer the harness."""
         upstream_body = call.upstream_body(session.options.model or self.model)
         if budget is not None:
             upstream_body["max_tokens"] = min(upstream_body.get("max_tokens") or budget, budget)
-        record = {"session_id": session.id, "index": index, "dialect": dialect.NAME, "request": body,
-                  "upstream_request": upstream_body, "text_only": session.options.text_only}
+        payload = json.dumps(upstream_body, ensure_ascii=False).encode()
+        record = {"session_id": session.id, "index": index, "dialect": dialect.NAME, "text_only": session.options.text_only}
+        raw = {"request": request_bytes, "upstream_request": payload}
         try:
-            result = await self.upstream.complete(upstream_body, call.model or upstream_body["model"], session.options.text_only)
+            result = await self.upstream.complete(payload, call.model or upstream_body["model"], session.options.text_only)
         except (UpstreamError, RequestError) as e:
-            await self._record_failure(session, record, e, started)
-            return error_response(dialect, e)
-        await self._record_success(session, record, result, call, started)
+            return await self._answer_failure(dialect, session, record, raw, e, started)
+        try:
+            await self._record_success(session, record, raw, result, call, started)
+        except OSError as e:  # the reply is withheld: a harness must never get an answer that was not recorded
+            return error_response(dialect, ServerError(f"the proxy could not record the call: {e}"))
         return self.render(dialect, result, call)
 
-    async def _record_failure(self, session: Session, record: dict[str, Any], error: OrchardError, started: float) -> None:
+    async def _answer_failure(self, dialect: ModuleType, session: Session, record: dict[str, Any], raw: dict[str, bytes],
+                              error: OrchardError, started: float) -> Response:
+        try:
+            await self._record_failure(session, record, raw, error, started)
+        except OSError as e:
+            error = ServerError(f"{error.detail}; and the proxy could not record the failure: {e}")
+        return error_response(dialect, error)
+
+    async def _record_failure(self, session: Session, record: dict[str, Any], raw: dict[str, bytes], error: OrchardError,
+                              started: float) -> None:
         record |= {"status": "error", "error": f"{type(error).__name__}: {error.detail}",
                    "infra_failure": isinstance(error, UpstreamError), "timings": _timings(started, 0.0)}
         if isinstance(error, UpstreamNoTokensError) and session.status == "open":
             session.status, session.reason = "refused", "the upstream returns no token ids and the session is not text-only"
             await self.recorder.append(SESSIONS, self.sessions.event(session, "status", status=session.status,
                                                                      reason=session.reason))
-        await self.recorder.append(CALLS, record, session.id)
-        session.note_call(record)
+        await self.recorder.append(CALLS, record, session.id, raw)
+        session.note_call(record, 0, 0)
 
-    async def _record_success(self, session: Session, record: dict[str, Any], result: UpstreamResult, call: ChatCall,
-                              started: float) -> None:
-        record |= {"reply": result.reply, "prompt_token_ids": result.prompt_token_ids,
-                   "completion_token_ids": result.completion_token_ids, "logprobs": result.logprobs,
-                   "finish_reason": result.completion.finish_reason, "status": "ok", "error": None, "infra_failure": False,
-                   "timings": _timings(started, result.seconds)}
+    async def _record_success(self, session: Session, record: dict[str, Any], raw: dict[str, bytes], result: UpstreamResult,
+                              call: ChatCall, started: float) -> None:
+        # The prompt ids (often 10^4-10^5 of them) are stored once, inside the raw reply: see recorder.load_call.
+        record |= {"completion_token_ids": result.completion_token_ids, "logprobs": result.logprobs,
+                   "text_only": not result.completion_token_ids, "finish_reason": result.completion.finish_reason,
+                   "status": "ok", "error": None, "infra_failure": False, "timings": _timings(started, result.seconds)}
         if call.notes:
             record["notes"] = call.notes
-        await self.recorder.append(CALLS, record, session.id)
-        session.note_call(record)
+        await self.recorder.append(CALLS, record, session.id, raw | {"reply": result.raw})
+        session.note_call(record, result.completion.prompt_tokens, result.completion.completion_tokens)
 
     @staticmethod
     def render(dialect: ModuleType, result: UpstreamResult, call: ChatCall) -> Response:
@@ -134,6 +154,19 @@ class Pipeline:
                             headers=SSE_HEADERS)
         return Response(json.dumps(dialect.render_reply(result.completion, call), ensure_ascii=False).encode(),
                         media_type=JSON)
+
+
+async def _keepalive(dialect: ModuleType, work: "asyncio.Future[Response]", interval: float) -> AsyncIterator[bytes]:
+    """A slow upstream: the stream opens now and carries SSE comments (which every client skips) until the reply is in;
+    an error that comes after the 200 went out travels as the dialect's in-stream error event."""
+    while True:
+        yield b": keepalive\n\n"
+        await asyncio.wait({work}, timeout=interval)
+        if work.done():
+            break
+    response = work.result()
+    body = bytes(response.body)
+    yield body if response.status_code == 200 else dialect.render_stream_error(json.loads(body))
 
 
 def _timings(started: float, upstream_s: float) -> dict[str, float]:

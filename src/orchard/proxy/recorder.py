@@ -40,9 +40,14 @@ class Recorder:
         for f in self.files.values():
             f.close()
 
-    async def append(self, name: str, record: dict[str, Any], session_id: str | None = None) -> None:
-        """Write one record to ``name`` and return when it is durable."""
-        line = json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    async def append(self, name: str, record: dict[str, Any], session_id: str | None = None,
+                     raw: Optional[dict[str, bytes]] = None) -> None:
+        """Write one record to ``name`` and return when it is durable.
+
+        ``raw`` holds fields already encoded as JSON (request and reply bodies, often megabytes): they are spliced
+        into the line as they are instead of being decoded and encoded again.
+        """
+        line = encode_line(record, raw)
         if self.durability == "flush":
             self._write([(name, line, session_id, None)])  # a write to the kernel takes microseconds: no thread hop
             return
@@ -100,6 +105,30 @@ class Recorder:
                 self.offsets.setdefault(record.get("session_id", ""), []).append((offset, len(line)))
                 yield record
             offset += len(line)
+
+
+def load_call(record: dict[str, Any]) -> "ModelCall":
+    """A recorded line as a ModelCall; the prompt ids the proxy left inside the raw reply are taken from there."""
+    from orchard.records import ModelCall
+
+    if "prompt_token_ids" not in record:
+        reply = record.get("reply") if isinstance(record.get("reply"), dict) else {}
+        ids = reply.get("prompt_token_ids")
+        if ids is None and isinstance(reply.get("choices"), list) and reply["choices"]:
+            ids = reply["choices"][0].get("prompt_token_ids")
+        record = {**record, "prompt_token_ids": ids if (ids and not record.get("text_only")) else []}
+    return ModelCall.model_validate(record)
+
+
+def encode_line(record: dict[str, Any], raw: Optional[dict[str, bytes]] = None) -> bytes:
+    """One JSONL line: the record, plus pre-encoded fields spliced in (re-encoded if they span several lines)."""
+    head = json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode()
+    parts = [head[:-1]]
+    for key, value in (raw or {}).items():
+        if b"\n" in value or b"\r" in value:  # pretty-printed JSON would break the one-record-a-line format
+            value = json.dumps(json.loads(value), separators=(",", ":"), ensure_ascii=False).encode()
+        parts.append(b',"' + key.encode() + b'":' + value)
+    return b"".join(parts) + b"}\n"
 
 
 def _settle(batch: list[Pending], error: BaseException | None) -> None:

@@ -10,7 +10,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchard.errors import ForbiddenError, NotFoundError, SessionLimitError
+from orchard.errors import AuthError, ForbiddenError, NotFoundError, SessionLimitError
 
 Status = Literal["open", "limit_reached", "refused", "closed"]
 
@@ -84,12 +84,11 @@ class Session:
         self.status, self.reason = "limit_reached", reason
         raise SessionLimitError(f"session {self.id}: {reason}; the session is over")
 
-    def note_call(self, record: dict[str, Any]) -> None:
-        """Keep a call's summary and count its sampled tokens."""
-        self.tokens_sampled += len(record.get("completion_token_ids") or []) or _usage_completion(record)
+    def note_call(self, record: dict[str, Any], prompt_tokens: int, sampled: int) -> None:
+        """Keep a call's summary and count the tokens the model sampled in it."""
+        self.tokens_sampled += sampled
         self.calls.append({k: record.get(k) for k in ("index", "dialect", "status", "finish_reason", "error", "infra_failure")}
-                          | {"prompt_tokens": len(record.get("prompt_token_ids") or []),
-                             "completion_tokens": len(record.get("completion_token_ids") or [])})
+                          | {"prompt_tokens": prompt_tokens, "completion_tokens": sampled})
         self.next_index = max(self.next_index, record.get("index", 0) + 1)
 
     def view(self) -> dict[str, Any]:
@@ -97,11 +96,6 @@ class Session:
         return {"id": self.id, "status": self.status, "reason": self.reason, "created_at": self.created_at,
                 "options": self.options.model_dump(), "reward": self.reward, "reward_info": self.reward_info,
                 "tokens_sampled": self.tokens_sampled, "calls": sorted(self.calls, key=lambda c: c["index"])}
-
-
-def _usage_completion(record: dict[str, Any]) -> int:
-    usage = (record.get("reply") or {}).get("usage") or {}
-    return int(usage.get("completion_tokens") or 0) if isinstance(usage, dict) else 0
 
 
 def hash_key(key: str) -> str:
@@ -135,7 +129,7 @@ class Sessions:
     def authenticate(self, key: Optional[str], path_session: Optional[str]) -> Session:
         """The session a harness's key names; with a ``/sessions/{id}`` prefix the key must be that session's."""
         if not key:
-            raise ForbiddenError("no API key: send the session key as 'Authorization: Bearer <key>' or 'x-api-key'")
+            raise AuthError("no API key: send the session key as 'Authorization: Bearer <key>' or 'x-api-key'")
         session = self.by_key.get(hash_key(key))
         if session is None or (path_session is not None and session.id != path_session):
             raise ForbiddenError("unknown API key: this proxy answers only the sessions it opened")
@@ -155,7 +149,8 @@ class Sessions:
         for record in calls:
             session = self.by_id.get(record.get("session_id", ""))
             if session is not None:
-                session.note_call(record)
+                usage = (record.get("reply") or {}).get("usage") or {}
+                session.note_call(record, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
 
     def _apply(self, e: dict[str, Any]) -> None:
         if e.get("event") == "created":

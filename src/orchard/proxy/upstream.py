@@ -20,6 +20,8 @@ class UpstreamResult:
 
     reply: dict[str, Any]
     completion: Completion
+    raw: bytes = b""
+    """The reply body as received (recorded as is, not re-encoded)."""
     prompt_token_ids: list[int] = field(default_factory=list)
     completion_token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -44,12 +46,12 @@ class Upstream:
     async def aclose(self) -> None:
         await self.session.close()
 
-    async def complete(self, body: dict[str, Any], model_name: str, text_only: bool) -> UpstreamResult:
-        """Send one call; raise UpstreamError (infrastructure) or RequestError (the upstream refused the request)."""
+    async def complete(self, payload: bytes, model_name: str, text_only: bool) -> UpstreamResult:
+        """Send one encoded Chat Completions body; raise UpstreamError (infrastructure) or RequestError (refused)."""
         started = time.perf_counter()
-        reply = await self._post(body)
-        result = parse_reply(reply, model_name, text_only)
-        result.seconds = time.perf_counter() - started
+        raw = await self._post(payload)
+        result = parse_reply(_checked_json(raw), model_name, text_only)
+        result.raw, result.seconds = raw, time.perf_counter() - started
         return result
 
     async def models(self) -> list[dict[str, Any]]:
@@ -63,24 +65,28 @@ class Upstream:
             return []
         return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
-    async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def _post(self, payload: bytes) -> bytes:
         import aiohttp
 
         try:
-            async with self.session.post(self.base_url + "/chat/completions", data=json.dumps(body).encode()) as response:
-                return _checked_body(response.status, await response.read())
+            async with self.session.post(self.base_url + "/chat/completions", data=payload) as response:
+                return _checked_status(response.status, await response.read())
         except asyncio.TimeoutError as e:
             raise UpstreamTimeoutError("the upstream model server did not answer in time") from e
         except aiohttp.ClientError as e:
             raise UpstreamError(f"the upstream model server cannot be reached: {type(e).__name__}: {e}") from e
 
 
-def _checked_body(status: int, raw: bytes) -> dict[str, Any]:
+def _checked_status(status: int, raw: bytes) -> bytes:
     text = raw[:500].decode(errors="replace")
     if status >= 500 or status in (401, 403, 404, 408, 429):
         raise UpstreamError(f"the upstream model server failed: HTTP {status}: {text}")
     if status >= 400:
         raise RequestError(f"the upstream model server refused the request: HTTP {status}: {text}")
+    return raw
+
+
+def _checked_json(raw: bytes) -> dict[str, Any]:
     try:
         body = json.loads(raw)
     except ValueError as e:
@@ -101,8 +107,11 @@ def parse_reply(reply: dict[str, Any], model_name: str, text_only: bool) -> Upst
                             tool_calls=_tool_calls(message.get("tool_calls")), finish_reason=_finish(choice),
                             prompt_tokens=0, completion_tokens=0)
     result = UpstreamResult(reply=reply, completion=completion)
-    if not text_only:
+    try:
         _take_tokens(result, reply, choice)
+    except UpstreamNoTokensError:
+        if not text_only:
+            raise
     usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else {}
     completion.prompt_tokens = int(usage.get("prompt_tokens") or len(result.prompt_token_ids))
     completion.completion_tokens = int(usage.get("completion_tokens") or len(result.completion_token_ids))

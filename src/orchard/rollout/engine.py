@@ -200,12 +200,22 @@ class Engine:
             progress.add(entry["row"])
 
         t0 = time.monotonic()
+        await self._prepare_images([t for t, _ in todo])
         try:
             with progress:
                 await asyncio.gather(*(worker(t, s) for t, s in todo))
         finally:
             journal.close()
         return self._finish(done, progress, time.monotonic() - t0, len(todo))
+
+    async def _prepare_images(self, tasks: list[RolloutTask]) -> None:
+        """Build each missing task image once, before rollouts race to build it (tasks without ``prepare`` skip)."""
+        firsts = {t.image: t for t in reversed(tasks) if hasattr(t, "prepare")}
+        for image, task in firsts.items():
+            try:
+                await task.prepare(self.client)
+            except INFRA_ERRORS as exc:  # each rollout will retry and record it
+                log.warning("could not prepare image %s: %s", image, exc)
 
     def _open_journal(self) -> Journal:
         out = self.config.out

@@ -46,7 +46,8 @@ class OracleTask:
     """Unified diff that fixes the task (SWE tasks); empty for tasks solved by ``solution``."""
     tests: list[str] = field(default_factory=list)
     """Tests that fail before the fix (FAIL_TO_PASS ids), used to reproduce and to verify."""
-    test_command: str = "python3 -m pytest -q -x"
+    test_command: str = "python -m pytest -p no:cacheprovider -o addopts='' -q"
+    """How the oracle runs a few test ids (the SWE task images put their venv's python first on PATH)."""
     solution: str = ""
     """A shell script that solves the task (terminal tasks' reference solution)."""
 

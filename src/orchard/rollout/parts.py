@@ -53,7 +53,10 @@ class SessionRecord:
 
 
 class RolloutTask(Protocol):
-    """A task as the engine sees it; adapters wrap the task model's tasks."""
+    """A task as the engine sees it; adapters wrap the task model's tasks.
+
+    It may also have ``async prepare(client)``: called once per distinct image before a run, to build it.
+    """
 
     task_id: str
     group: str

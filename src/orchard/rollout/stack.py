@@ -15,6 +15,14 @@ from orchard.env.runner import ServiceProcess, free_port
 from orchard.errors import OrchardError
 
 
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the engine dies, even by SIGKILL (Linux prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)
+
+
 class Proc:
     """One `orchard ...` child process on a free port, healthy before use, stopped on exit; logs to a file."""
 
@@ -30,7 +38,7 @@ class Proc:
     def start(self, timeout: float = 120.0) -> "Proc":
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "orchard.cli", *self.argv], env=self.env,
-                                     stdout=log, stderr=subprocess.STDOUT)
+                                     stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -7,6 +7,7 @@ from typing import Any
 from orchard import errors
 from orchard.rollout.parts import Grade
 from orchard.tasks.grading import acreate_task_sandbox, agrade_patch, agrade_sandbox, asetup_sandbox
+from orchard.tasks.images import is_buildable
 from orchard.tasks.loaders import load_suite
 from orchard.tasks.model import AnyTask, CheckerScoring, Task, TestsScoring
 
@@ -29,6 +30,12 @@ class SuiteTask:
     async def create(self, client: Any, **kwargs: Any) -> Any:
         """A sandbox from the task image (built on demand when the suite knows how)."""
         return await acreate_task_sandbox(client, self.task, **kwargs)
+
+    async def prepare(self, client: Any) -> None:
+        """Make sure the task image exists (building it when the suite knows how), once per image per run."""
+        if is_buildable(self.image):
+            sandbox = await acreate_task_sandbox(client, self.task, ttl_seconds=600)
+            await sandbox.delete()
 
     async def setup(self, sandbox: Any) -> None:
         await asetup_sandbox(sandbox, self.task)

@@ -80,10 +80,6 @@ class Task(_Model):
                                                        "(terminal tasks) or a unified diff (SWE tasks: the gold patch).")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Free-form facts (category, validation, ...).")
 
-    @property
-    def kind(self) -> str:
-        return "task"
-
 
 def _json_list(value: Any) -> Any:
     """SWE-bench stores FAIL_TO_PASS / PASS_TO_PASS as JSON strings; accept both that and real lists."""
@@ -144,10 +140,6 @@ class SWETask(Task):
         if self.setup.workdir == "/workspace" and self.suite == "swe-bench":
             self.setup.workdir = "/testbed"
         return self
-
-    @property
-    def kind(self) -> str:
-        return "swe"
 
 
 def swebench_image(instance_id: str) -> str:

@@ -187,3 +187,15 @@ def test_install_copies_home_and_leaves_a_private_token(tmp_path):
     assert (tmp_path / "copy" / "lib" / "x.py").read_text() == "x = 1\n"
     assert os.readlink(tmp_path / "copy" / "python3") == "/usr/bin/python3"
     assert (tmp_path / "token").read_text() == "tok" and stat.S_IMODE((tmp_path / "token").stat().st_mode) == 0o444
+
+
+def test_workdir_is_workspace_else_home(tmp_path, monkeypatch):
+    monkeypatch.chdir("/")
+    monkeypatch.setattr(server, "WORKSPACE", str(tmp_path / "workspace"))
+    server._enter_workdir()
+    assert os.getcwd() == str(tmp_path / "workspace")
+    monkeypatch.chdir("/")
+    monkeypatch.setattr(server, "WORKSPACE", "/proc/cannot-be-made")       # e.g. an image whose user is not root
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    server._enter_workdir()
+    assert os.getcwd() == str(tmp_path / "home")

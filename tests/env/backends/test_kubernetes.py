@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import http.server
 import os
 import signal
 import threading
@@ -112,6 +113,15 @@ async def test_api_calls_of_one_lifecycle(backend, cluster, block_network, objec
     assert not cluster.names("secrets") and not {n for n in cluster.names("networkpolicies") if "calls" in n}
 
 
+async def test_concurrent_creates_are_all_woken(backend, cluster):
+    ids = [f"many-{i}" for i in range(8)]
+    await asyncio.gather(*(backend.create(spec(sid)) for sid in ids))
+    outs = await asyncio.gather(*(backend.exec(sid, ExecSpec(["hostname"])) for sid in ids))
+    assert [o.stdout.decode().strip() for o in outs] == ids
+    await asyncio.gather(*(backend.delete(sid) for sid in ids))
+    assert not [c for c in cluster.store.calls if c[0] == "list" and c[1] == "pods"][1:], "no polling"
+
+
 async def test_a_pod_that_dies_is_reported(backend, cluster):
     await backend.create(spec("dies"))
     with cluster.kubelet.lock:
@@ -170,13 +180,61 @@ for pid in filter(str.isdigit, os.listdir('/proc')):
 
 
 async def test_what_the_backend_cannot_do_says_so(backend):
-    with pytest.raises(errors.SandboxFailedError, match="model_endpoint"):
-        await backend.create(spec("ep", model_endpoint=(8000, "127.0.0.1", 9)))
+    with pytest.raises(errors.SandboxFailedError, match="model_endpoint target 'no-such-host.invalid'"):
+        await backend.create(spec("ep", model_endpoint=(8000, "no-such-host.invalid", 9)))
     with pytest.raises(errors.SandboxNotFoundError):
         await backend.exec("nobody", ExecSpec(["true"]))
     await backend.create(spec("snap"))
     with pytest.raises(errors.BackendError, match="Snapshots"):
         await backend.snapshot("snap", "@me/x")
+
+
+class _Model(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = f"model-ok {self.path}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def model_port():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Model)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+FETCH = "import urllib.request, sys; print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
+CONNECT = "import socket, sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), 3); print('connected')"
+
+
+async def test_model_endpoint_relays_through_the_agent_and_allows_only_its_target(backend, cluster, model_port):
+    """Two closed sandboxes listen on the same 127.0.0.1:8000 (each in its own pod) and reach the model there;
+    the policy allows exactly the target, the pod reaches nothing else, and delete removes the policy."""
+    before = len(cluster.store.calls)
+    await asyncio.gather(*(backend.create(spec(sid, model_endpoint=(8000, "127.0.0.1", model_port)))
+                           for sid in ("ep-a", "ep-b")))
+    policy = cluster.store.get("networkpolicies", NS, pods.model_name("ep-a"))
+    assert policy["spec"]["egress"] == [{"to": [{"ipBlock": {"cidr": "127.0.0.1/32"}}],
+                                         "ports": [{"protocol": "TCP", "port": model_port}]}]
+    for sid in ("ep-a", "ep-b"):
+        out = await backend.exec(sid, ExecSpec(["python3", "-c", FETCH, f"http://127.0.0.1:8000/{sid}"]))
+        assert out.stdout.decode().strip() == f"model-ok /{sid}", out.stderr
+    api_port = cluster.server.server_address[1]
+    elsewhere = await backend.exec("ep-a", ExecSpec(["python3", "-c", CONNECT, str(api_port)]))
+    assert elsewhere.exit_code != 0 and b"connected" not in elsewhere.stdout
+    env = await backend.exec("ep-a", ExecSpec(["env"]))
+    assert b"ORCHARD_AGENT" not in env.stdout
+    await asyncio.gather(backend.delete("ep-a"), backend.delete("ep-b"))
+    calls = cluster.store.calls[before:]
+    assert sorted(k for verb, k, _ in calls if verb == "create") == ["networkpolicies"] * 2 + ["pods"] * 2 + \
+        ["secrets"] * 2
+    assert not {n for n in cluster.names("networkpolicies") if "ep-" in n}
 
 
 def test_reconcile_removes_only_old_unowned_sandboxes(tmp_path, cluster):

@@ -104,3 +104,31 @@ def test_settings_refuse_bad_cidrs_and_labels(tmp_path):
         Settings(state_dir=tmp_path, kube_service_labels="app")
     s = Settings(state_dir=tmp_path, kube_service_labels="app=env, tier=api")
     assert s.kube_service_labels == {"app": "env", "tier": "api"}
+
+
+MODEL_SPEC = SandboxSpec("sb-1", "img", model_endpoint=(8000, "proxy.orchard.svc", 8300), created_at=1234.5)
+
+
+def test_model_egress_allows_exactly_the_target_addresses_and_port(settings):
+    policy = pods.model_egress(settings, MODEL_SPEC, ["10.1.2.3", "fd00::7"])
+    assert policy["metadata"]["name"] == "orchard-sb-1-model"
+    assert policy["metadata"]["labels"]["orchard.dev/sandbox"] == "sb-1"
+    assert policy["spec"]["podSelector"]["matchLabels"]["orchard.dev/sandbox"] == "sb-1"
+    assert policy["spec"]["policyTypes"] == ["Egress"]
+    assert policy["spec"]["egress"] == [{"to": [{"ipBlock": {"cidr": "10.1.2.3/32"}},
+                                                {"ipBlock": {"cidr": "fd00::7/128"}}],
+                                         "ports": [{"protocol": "TCP", "port": 8300}]}]
+    kube.ApiClient()._ApiClient__deserialize(policy, "V1NetworkPolicy")
+    with pytest.raises(ValueError):
+        pods.model_egress(settings, MODEL_SPEC, [])
+    with pytest.raises(ValueError):
+        pods.model_egress(settings, SPEC, ["10.1.2.3"])
+
+
+def test_model_endpoint_reaches_the_agent_as_a_private_env(settings):
+    main = pods.sandbox_pod(settings, MODEL_SPEC, "img", ["10.1.2.3", "fd00::7"])["spec"]["containers"][0]
+    relay = [e for e in main["env"] if e["name"] == agent.RELAY_ENV]
+    assert relay == [{"name": agent.RELAY_ENV, "value": "8000=10.1.2.3:8300,[fd00::7]:8300"}]
+    assert agent.RELAY_ENV in agent.PRIVATE_ENV, "commands in the sandbox must not see it"
+    plain = pods.sandbox_pod(settings, SPEC, "img")["spec"]["containers"][0]
+    assert [e["name"] for e in plain["env"]] == [agent.PORT_ENV]

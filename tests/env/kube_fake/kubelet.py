@@ -1,12 +1,13 @@
 """The fake kubelet: runs each new pod's init and sandbox containers as local processes and writes pod status.
 
-A container is a bubblewrap "container" on this machine (it is a fake: no cgroup limits, no
-network namespace, so every pod shares the host's network and reports podIP 127.0.0.1). Its root
+A container is a bubblewrap "container" on this machine (it is a fake: no cgroup limits; every pod
+reports podIP 127.0.0.1). A pod that an open egress policy selects shares this machine's network;
+any other gets a network namespace of its own, reached through relays (network.py). Its root
 is an empty tmpfs with this machine's /usr and /etc read-only (shadow files masked), emptyDir
 volumes as directories, and the pod's commands run verbatim: the agent image is a directory holding
 the agent package and a symlink to this machine's /usr/bin/python3, mounted at /opt/orchard-agent.
 
-Because every agent listens on 127.0.0.1, the fake picks a free port per pod and rewrites the pod's
+Because every agent is reached on 127.0.0.1, the fake picks a free port per pod and rewrites the pod's
 named ``orchard-agent`` container port (and its ORCHARD_AGENT_PORT env) to it; on a cluster the
 port is the one the backend set. Images whose name contains ``missing`` fail with ErrImagePull,
 names that are not valid references with InvalidImageName, and so does every image the fake registry
@@ -16,6 +17,7 @@ does not hold (``--image``; by default the backend's default agent and host imag
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import shutil
@@ -27,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from . import network
 from .api import Store, now
 
 AGENT_SOURCE = Path(__file__).resolve().parents[3] / "src" / "orchard" / "env" / "agent"
@@ -60,6 +63,7 @@ class Kubelet:
         self.store, self.root, self.images = store, root, images
         self.image = self._agent_image(root / "agent-image")
         self.procs: dict[str, subprocess.Popen] = {}
+        self.networks: dict[str, network.PodNetwork] = {}
         self.deleting: set[str] = set()
         self.lock = threading.Lock()
         store.on_create.append(lambda pod: threading.Thread(target=self.run_pod, args=(pod,), daemon=True).start())
@@ -140,15 +144,23 @@ class Kubelet:
         if env is None:
             return
         env["ORCHARD_AGENT_PORT"] = str(port)
-        argv = self._bwrap(main, volumes, hostname)
+        rules = network.egress_rules(self._policies(ns), self.store.get("pods", ns, name)["metadata"]["labels"])
+        private = not network.is_open(rules)
+        info_read, info_write = os.pipe() if private else (None, None)
+        argv = self._bwrap(main, volumes, hostname, info_fd=info_write)
         log = open(home / "sandbox.log", "wb")
         with self.lock:
             if uid in self.deleting:
+                for fd in (info_read, info_write) if private else ():
+                    os.close(fd)
                 return
             proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    start_new_session=True)
+                                    start_new_session=True, pass_fds=(info_write,) if private else ())
             self.procs[uid] = proc
-        if self._answers(port, proc):
+        if private:
+            os.close(info_write)
+            self._join_network(uid, info_read, port, network.loopback_allowances(rules))
+        if self._answers(port, proc, self.networks.get(uid)):
             self._status(ns, name, phase="Running", ip="127.0.0.1", ready=True,
                          container=(main["name"], {"running": {"startedAt": now()}}))
         proc.wait()
@@ -159,24 +171,48 @@ class Kubelet:
             self._status(ns, name, phase="Succeeded" if code == 0 else "Failed", ready=False,
                          container=(main["name"], state))
 
-    def _answers(self, port: int, proc: subprocess.Popen) -> bool:
+    def _policies(self, ns: str) -> list[dict]:
+        """The namespace's NetworkPolicies (read directly: the kubelet's reads are not API calls of the backend)."""
+        with self.store.lock:
+            return [obj for (kind, n, _), obj in self.store.objects.items() if kind == "networkpolicies" and n == ns]
+
+    def _join_network(self, uid: str, info_fd: int, port: int, allowances: list[tuple[str, int]]) -> None:
+        """Relays into and out of the pod's network namespace, once bwrap says which process holds it."""
+        with os.fdopen(info_fd, "rb") as info:
+            raw = info.read()
+        if not raw:
+            return          # bwrap failed before its child existed: the pod fails as its process exits
+        pod_network = network.PodNetwork(json.loads(raw)["child-pid"], port, allowances)
+        with self.lock:
+            if uid in self.deleting:
+                pod_network.close()
+                return
+            self.networks[uid] = pod_network
+
+    def _answers(self, port: int, proc: subprocess.Popen, pod_network: Optional[network.PodNetwork]) -> bool:
         """The readiness probe: the agent accepts connections (polled, as a kubelet's probe is)."""
         deadline = time.monotonic() + READY_TIMEOUT
         while time.monotonic() < deadline and proc.poll() is None:
             try:
-                socket.create_connection(("127.0.0.1", port), 1).close()
+                if pod_network is not None:
+                    pod_network.agent_connection().close()
+                else:
+                    socket.create_connection(("127.0.0.1", port), 1).close()
                 return True
             except OSError:
                 time.sleep(0.05)
         return False
 
     def _bwrap(self, container: dict, volumes: dict, hostname: str,
-               image_home: Optional[Path] = None) -> list[str]:
+               image_home: Optional[Path] = None, info_fd: Optional[int] = None) -> list[str]:
+        """The container's bwrap command; with ``info_fd``, in a network namespace of its own (bwrap says its pid there)."""
         argv = [BWRAP, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", hostname,
                 "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc",
                 "--ro-bind", "/dev/null", "/etc/shadow", "--ro-bind", "/dev/null", "/etc/gshadow",
                 "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp", "--dir", "/root",
                 "--dir", "/run", "--chdir", container.get("workingDir") or "/"]
+        if info_fd is not None:
+            argv += ["--unshare-net", "--info-fd", str(info_fd)]
         for link in ("bin", "lib", "lib64", "sbin"):
             argv += ["--symlink", f"usr/{link}", f"/{link}"]
         if image_home is not None:
@@ -232,6 +268,9 @@ class Kubelet:
         with self.lock:
             self.deleting.add(uid)
             proc = self.procs.pop(uid, None)
+            pod_network = self.networks.pop(uid, None)
+        if pod_network is not None:
+            pod_network.close()
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             try:

@@ -14,9 +14,10 @@ TOKEN_FILE = TOKEN_DIR + "/token"
 TOKEN_ENV = "ORCHARD_AGENT_TOKEN"            # the init container's env (from the sandbox's Secret)
 PORT_ENV = "ORCHARD_AGENT_PORT"
 TOKEN_FILE_ENV = "ORCHARD_AGENT_TOKEN_FILE"
+RELAY_ENV = "ORCHARD_AGENT_RELAY"            # the model-endpoint relay, PORT=ADDR:PORT[,...] (relay.py); optional
 DEFAULT_PORT = 7070
 TOKEN_HEADER = "X-Orchard-Agent-Token"
-PRIVATE_ENV = (TOKEN_ENV, PORT_ENV, TOKEN_FILE_ENV)   # never passed on to commands
+PRIVATE_ENV = (TOKEN_ENV, PORT_ENV, TOKEN_FILE_ENV, RELAY_ENV)   # never passed on to commands
 
 HEALTH = "/healthz"       # GET, no token: 200 once the agent listens (the readiness probe)
 INFO = "/v1/info"         # GET -> json {workdir, has_bash, pid}

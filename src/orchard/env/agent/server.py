@@ -23,8 +23,8 @@ from typing import Optional
 from urllib.parse import parse_qs, urlsplit
 
 from . import (BAD_REQUEST, DEFAULT_PORT, EXEC, FILE, FORBIDDEN, HEALTH, INFO, LIST, NOT_FOUND, PORT_ENV, PTY, PTY_CONTROL,
-               TOKEN_ENV, TOKEN_FILE, TOKEN_FILE_ENV, TOO_LARGE, TOKEN_HEADER, UNAUTHORIZED)
-from . import execute, files, terminal
+               RELAY_ENV, TOKEN_ENV, TOKEN_FILE, TOKEN_FILE_ENV, TOO_LARGE, TOKEN_HEADER, UNAUTHORIZED)
+from . import execute, files, relay, terminal
 
 MAX_BODY = 1 << 30
 WORKSPACE = "/workspace"
@@ -226,10 +226,17 @@ def _not_dumpable() -> None:
 
 
 def _enter_workdir() -> None:
-    """Commands start in the image's working directory, or /workspace (made here) when the image names none."""
-    if os.getcwd() == "/":
-        os.makedirs(WORKSPACE, exist_ok=True)
-        os.chdir(WORKSPACE)
+    """Commands start in the image's working directory; when it names none, /workspace (made here), or for an
+    image whose user may not create it, that user's home."""
+    if os.getcwd() != "/":
+        return
+    for place in (WORKSPACE, os.environ.get("HOME") or "/"):
+        try:
+            os.makedirs(place, exist_ok=True)
+            os.chdir(place)
+            return
+        except OSError:
+            continue
 
 
 class DualStackServer(AgentServer):
@@ -257,10 +264,19 @@ def main(argv: Optional[list] = None) -> None:
     _not_dumpable()
     _enter_workdir()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    _start_relay()
     server = serve(int(os.environ.get(PORT_ENV, DEFAULT_PORT)), token)
     if os.getpid() == 1:
         threading.Thread(target=_reap_orphans, daemon=True).start()
     server.serve_forever()
+
+
+def _start_relay() -> None:
+    """The model-endpoint relay, when the pod names one; a relay that cannot listen fails the pod, saying why."""
+    try:
+        relay.start(os.environ.get(RELAY_ENV))
+    except (OSError, ValueError) as e:
+        sys.exit(f"orchard agent: model endpoint relay {os.environ.get(RELAY_ENV)!r}: {e}")
 
 
 def _reap_orphans() -> None:

@@ -2,8 +2,10 @@
 
 The API server is used for create, delete, list (reconcile) and one pod watch (kubernetes_informer:
 the cache of phase, IP and failure reasons that wakes readiness waits). A sandbox is a token Secret,
-a pod and, only when ``block_network`` is false, an egress NetworkPolicy of its own; the
-namespace-wide default-deny-egress and agent-ingress policies are created at start when missing.
+a pod, only when ``block_network`` is false an egress NetworkPolicy of its own, and only with a
+``model_endpoint`` a second one allowing exactly the target's addresses and port (the in-pod agent
+relays 127.0.0.1:port there; the target's name is resolved here, at create); the namespace-wide
+default-deny-egress and agent-ingress policies are created at start when missing.
 Everything else goes straight to the agent over the pod IP with the sandbox's token
 (kubernetes_agent_client). The pod spec is in kubernetes_pods.
 
@@ -17,6 +19,7 @@ import base64
 import functools
 import logging
 import secrets
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Optional
@@ -49,6 +52,7 @@ class Box:
     workdir: str
     has_bash: bool
     networked: bool = True        # unknown after a restart: then delete also tries the egress policy
+    model: bool = True            # ...and the model-endpoint policy
 
 
 class KubernetesBackend:
@@ -130,8 +134,13 @@ class KubernetesBackend:
         except API_ERRORS as e:
             log.info("node capacity unknown (%s): reporting max_sandboxes x the default limits", _why(e))
             return None
-        cpu = sum(parse_cpu(n.status.allocatable.get("cpu", "0")) for n in nodes if not n.spec.unschedulable)
-        mem = sum(parse_memory(n.status.allocatable.get("memory", "0")) for n in nodes if not n.spec.unschedulable)
+        usable = [n.status.allocatable or {} for n in nodes if not (n.spec and n.spec.unschedulable)]
+        try:
+            cpu = sum(parse_cpu(a.get("cpu", "0")) for a in usable)
+            mem = sum(parse_memory(a.get("memory", "0")) for a in usable)
+        except (ValueError, errors.OrchardError) as e:
+            log.info("node capacity unreadable (%s): reporting max_sandboxes x the default limits", e)
+            return None
         return (cpu, mem) if cpu > 0 and mem > 0 else None
 
     async def close(self) -> None:
@@ -147,21 +156,19 @@ class KubernetesBackend:
     async def create(self, spec: SandboxSpec) -> None:
         image = self._image(spec)
         token = secrets.token_urlsafe(32)
+        addresses = await self._blocking(_resolve, spec.model_endpoint) if spec.model_endpoint else []
         try:
-            await self._blocking(self._create_objects, spec, image, token)
+            await self._blocking(self._create_objects, spec, image, token, addresses)
             state = await self._until_settled(spec.sandbox_id)
             if state is None or state.failure:
                 why = state.failure if state else "the pod was deleted while starting"
                 raise errors.SandboxFailedError(self._failed(spec.image, why))
-            self._boxes[spec.sandbox_id] = await self._box(spec.sandbox_id, state, token, not spec.block_network)
+            self._boxes[spec.sandbox_id] = await self._box(spec.sandbox_id, state, token, spec)
         except BaseException:
             await asyncio.shield(self.delete(spec.sandbox_id))
             raise
 
     def _image(self, spec: SandboxSpec) -> str:
-        if spec.model_endpoint is not None:
-            raise errors.SandboxFailedError("model_endpoint is not available on the Kubernetes backend: pods reach "
-                                            "the harness proxy through a networked sandbox's egress policy instead")
         if spec.image.startswith("@"):
             raise errors.SandboxFailedError("Snapshots are not available on the Kubernetes backend")
         return self.settings.kube_host_image if spec.image == "host" else spec.image
@@ -172,14 +179,16 @@ class KubernetesBackend:
                     "or any image the cluster's nodes can pull")
         return f"Sandbox failed to start: {why}"
 
-    def _create_objects(self, spec: SandboxSpec, image: str, token: str) -> None:
-        """Secret first (the pod's init container reads it), then the egress policy, then the pod."""
+    def _create_objects(self, spec: SandboxSpec, image: str, token: str, addresses: list[str]) -> None:
+        """Secret first (the pod's init container reads it), then the egress policies, then the pod."""
         ns = self.settings.kube_namespace
         try:
             self.core.create_namespaced_secret(ns, pods.token_secret(self.settings, spec, token))
             if not spec.block_network:
                 self.networking.create_namespaced_network_policy(ns, pods.sandbox_egress(self.settings, spec))
-            self.core.create_namespaced_pod(ns, pods.sandbox_pod(self.settings, spec, image))
+            if addresses:
+                self.networking.create_namespaced_network_policy(ns, pods.model_egress(self.settings, spec, addresses))
+            self.core.create_namespaced_pod(ns, pods.sandbox_pod(self.settings, spec, image, addresses))
         except ApiException as e:
             if e.status == 409:
                 raise errors.ConflictError(f"Sandbox {spec.sandbox_id} already exists in the cluster") from e
@@ -200,13 +209,14 @@ class KubernetesBackend:
 
         return await self.informer.wait(sandbox_id, settled)
 
-    async def _box(self, sandbox_id: str, state: PodState, token: str, networked: bool = True) -> Box:
+    async def _box(self, sandbox_id: str, state: PodState, token: str, spec: SandboxSpec) -> Box:
         target = Agent(sandbox_id, state.ip, state.port, token)
         try:
             info = await self.agents.info(target)
         except errors.OrchardError as e:
             raise errors.SandboxFailedError(f"The sandbox's agent does not answer: {e.detail}") from e
-        return Box(target, info.get("workdir") or DEFAULT_WORKDIR, bool(info.get("has_bash", True)), networked)
+        return Box(target, info.get("workdir") or DEFAULT_WORKDIR, bool(info.get("has_bash", True)),
+                   networked=not spec.block_network, model=spec.model_endpoint is not None)
 
     def _pod_changed(self, old: Optional[PodState], new: PodState) -> None:
         """A ready sandbox whose pod failed or vanished is reported to the service, once."""
@@ -226,7 +236,7 @@ class KubernetesBackend:
             return False
         try:
             token = await self._blocking(self._read_token, spec.sandbox_id)
-            self._boxes[spec.sandbox_id] = await self._box(spec.sandbox_id, state, token, not spec.block_network)
+            self._boxes[spec.sandbox_id] = await self._box(spec.sandbox_id, state, token, spec)
         except (errors.OrchardError, *API_ERRORS) as e:
             log.warning("adopting %s failed: %s", spec.sandbox_id, _why(e))
             return False
@@ -241,17 +251,20 @@ class KubernetesBackend:
         self._deleting.add(sandbox_id)
         try:
             box = self._boxes.pop(sandbox_id, None)
-            await self._blocking(self._remove, sandbox_id, box is None or box.networked)
+            await self._blocking(self._remove, sandbox_id, box)
         finally:
             self._deleting.discard(sandbox_id)
 
-    def _remove(self, sandbox_id: str, networked: bool) -> None:
-        """Pod, Secret and (when there may be one) egress policy; what is already gone is fine."""
+    def _remove(self, sandbox_id: str, box: Optional[Box]) -> None:
+        """Pod, Secret and (when there may be some: always for an unknown box) policies; what is gone is fine."""
         ns, grace = self.settings.kube_namespace, pods.GRACE_SECONDS
         calls = [(self.core.delete_namespaced_pod, pods.pod_name(sandbox_id), {"grace_period_seconds": grace}),
                  (self.core.delete_namespaced_secret, pods.secret_name(sandbox_id), {})]
-        if networked:
-            calls.append((self.networking.delete_namespaced_network_policy, pods.egress_name(sandbox_id), {}))
+        policy = self.networking.delete_namespaced_network_policy
+        if box is None or box.networked:
+            calls.append((policy, pods.egress_name(sandbox_id), {}))
+        if box is None or box.model:
+            calls.append((policy, pods.model_name(sandbox_id), {}))
         for call, name, extra in calls:
             try:
                 call(name, ns, **extra)
@@ -356,6 +369,16 @@ def _create_quietly(call, namespace: str, body: dict) -> None:
     except ApiException as e:
         if e.status != 409:
             raise
+
+
+def _resolve(endpoint: tuple[int, str, int]) -> list[str]:
+    """The target's addresses as the service resolves them now (a pod of a closed sandbox has no DNS)."""
+    _, host, port = endpoint
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise errors.SandboxFailedError(f"model_endpoint target {host!r} cannot be resolved: {e}") from e
+    return list(dict.fromkeys(info[4][0] for info in infos))
 
 
 def _created(meta) -> float:

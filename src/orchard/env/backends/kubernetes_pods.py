@@ -1,5 +1,8 @@
 """The Kubernetes objects of the Kubernetes backend, as plain data: sandbox pods, token Secrets, NetworkPolicies.
 
+A sandbox with a model endpoint also gets a NetworkPolicy allowing exactly its target's addresses
+and port, and the agent an env var naming them (it relays 127.0.0.1:port to them).
+
 Every object carries ``app.kubernetes.io/managed-by=orchard`` and ``orchard.dev/service=<namespace
 setting>`` (so two deployments sharing one sandbox namespace never touch each other's objects);
 per-sandbox objects also carry ``orchard.dev/sandbox=<id>``. Nothing here talks to a cluster.
@@ -7,9 +10,10 @@ per-sandbox objects also carry ``orchard.dev/sandbox=<id>``. Nothing here talks 
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 from orchard.env import agent
+from orchard.env.agent import relay
 from orchard.env.backends.base import SandboxSpec
 from orchard.env.settings import Settings
 
@@ -42,6 +46,10 @@ def secret_name(sandbox_id: str) -> str:
 
 def egress_name(sandbox_id: str) -> str:
     return f"orchard-{sandbox_id}-egress"
+
+
+def model_name(sandbox_id: str) -> str:
+    return f"orchard-{sandbox_id}-model"
 
 
 def common_labels(settings: Settings) -> dict[str, str]:
@@ -77,8 +85,10 @@ def resources(spec: SandboxSpec) -> dict:
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
-def sandbox_pod(settings: Settings, spec: SandboxSpec, image: str) -> dict:
-    """One pod per sandbox: the init container installs the agent, the sandbox container runs it as its main process."""
+def sandbox_pod(settings: Settings, spec: SandboxSpec, image: str, model_addresses: Sequence[str] = ()) -> dict:
+    """One pod per sandbox: the init container installs the agent, the sandbox container runs it as its main process.
+
+    ``model_addresses``: the resolved addresses of spec.model_endpoint's target, which the agent relays to."""
     pod_spec: dict = {
         "restartPolicy": "Never", "terminationGracePeriodSeconds": GRACE_SECONDS,
         "automountServiceAccountToken": False, "enableServiceLinks": False,
@@ -86,7 +96,7 @@ def sandbox_pod(settings: Settings, spec: SandboxSpec, image: str) -> dict:
         "volumes": [{"name": AGENT_VOLUME, "emptyDir": {"sizeLimit": "512Mi"}},
                     {"name": TOKEN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}],
         "initContainers": [_install_container(settings, spec)],
-        "containers": [_sandbox_container(settings, spec, image)],
+        "containers": [_sandbox_container(settings, spec, image, model_addresses)],
     }
     if settings.kube_image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": n} for n in settings.kube_image_pull_secrets]
@@ -109,11 +119,16 @@ def _install_container(settings: Settings, spec: SandboxSpec) -> dict:
             "resources": {"requests": dict(INSTALL_RESOURCES), "limits": dict(INSTALL_RESOURCES)}}
 
 
-def _sandbox_container(settings: Settings, spec: SandboxSpec, image: str) -> dict:
+def _sandbox_container(settings: Settings, spec: SandboxSpec, image: str, model_addresses: Sequence[str]) -> dict:
     port = settings.kube_agent_port
+    env = [{"name": agent.PORT_ENV, "value": str(port)}]
+    if spec.model_endpoint is not None and model_addresses:
+        local_port, _, target_port = spec.model_endpoint
+        env.append({"name": agent.RELAY_ENV,
+                    "value": relay.format_relay(local_port, [(a, target_port) for a in model_addresses])})
     return {"name": SANDBOX_CONTAINER, "image": image,
             "command": [agent.PYTHON, "-I", "-c", agent.boot_code("server")],
-            "env": [{"name": agent.PORT_ENV, "value": str(port)}],
+            "env": env,
             "ports": [{"name": AGENT_PORT_NAME, "containerPort": port, "protocol": "TCP"}],
             "volumeMounts": [{"name": AGENT_VOLUME, "mountPath": agent.HOME, "readOnly": True},
                              {"name": TOKEN_VOLUME, "mountPath": agent.TOKEN_DIR}],
@@ -147,6 +162,18 @@ def sandbox_egress(settings: Settings, spec: SandboxSpec) -> dict:
              {"to": [dns], "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}]
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": _meta(settings, egress_name(spec.sandbox_id), spec),
+            "spec": {"podSelector": {"matchLabels": {SANDBOX_LABEL: spec.sandbox_id, **common_labels(settings)}},
+                     "policyTypes": ["Egress"], "egress": rules}}
+
+
+def model_egress(settings: Settings, spec: SandboxSpec, addresses: Sequence[str]) -> dict:
+    """A model endpoint's allowance: TCP to the target's port on exactly its resolved addresses (/32 or /128)."""
+    if spec.model_endpoint is None or not addresses:
+        raise ValueError("model_egress needs a model endpoint and at least one address")
+    blocks = [{"ipBlock": {"cidr": f"{a}/{128 if ':' in a else 32}"}} for a in addresses]
+    rules = [{"to": blocks, "ports": [{"protocol": "TCP", "port": spec.model_endpoint[2]}]}]
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _meta(settings, model_name(spec.sandbox_id), spec),
             "spec": {"podSelector": {"matchLabels": {SANDBOX_LABEL: spec.sandbox_id, **common_labels(settings)}},
                      "policyTypes": ["Egress"], "egress": rules}}
 

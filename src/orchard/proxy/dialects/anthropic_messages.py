@@ -193,3 +193,8 @@ def count_tokens(call: ChatCall) -> int:
     """A rough count for ``/v1/messages/count_tokens`` (about four characters a token): harnesses use it only to budget context."""
     text = json.dumps(call.messages, ensure_ascii=False) + json.dumps(call.tools or [], ensure_ascii=False)
     return max(1, len(text) // 4)
+
+
+def render_stream_error(body: dict[str, Any]) -> bytes:
+    """An error after the stream opened: Anthropic's ``error`` event."""
+    return sse(body, "error")

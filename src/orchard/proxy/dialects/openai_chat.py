@@ -114,3 +114,8 @@ def error_body(status: int, message: str, code: str | None = None) -> dict[str, 
     """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
     kind = ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def render_stream_error(body: dict[str, Any]) -> bytes:
+    """An error after the stream opened: a data event holding ``error`` (the SDKs raise it), then ``[DONE]``."""
+    return sse(body) + sse("[DONE]")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from orchard.proxy.dialects.base import ChatCall, Completion, function_tool, new_id, require, require_dict, sampling_params, sse
@@ -10,7 +11,7 @@ from orchard.proxy.dialects.openai_chat import error_body  # the same error shap
 
 NAME = "openai_responses"
 TEXT_PARTS = {"input_text", "output_text", "text", "summary_text"}
-__all__ = ["NAME", "parse_request", "render_reply", "render_stream", "error_body"]
+__all__ = ["NAME", "parse_request", "render_reply", "render_stream", "render_stream_error", "error_body"]
 
 
 def parse_request(body: Any) -> ChatCall:
@@ -187,3 +188,12 @@ def _call_events(item: dict[str, Any], index: int) -> list[dict[str, Any]]:
             {"type": "response.function_call_arguments.done", **where, "arguments": item["arguments"]},
             {"type": "response.output_item.done", "output_index": index, "item": item}]
 
+
+
+def render_stream_error(body: dict[str, Any]) -> bytes:
+    """An error after the stream opened: ``response.failed`` with the error, as the Responses API ends a failed stream."""
+    error = body.get("error") or {}
+    response = {"id": new_id("resp_"), "object": "response", "created_at": int(time.time()), "status": "failed",
+                "error": {"code": error.get("code") or "server_error", "message": error.get("message", "")},
+                "incomplete_details": None, "output": [], "usage": None}
+    return sse({"type": "response.failed", "response": response, "sequence_number": 0}, "response.failed")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from orchard import errors
 from orchard.tasks import grading
 from orchard.tasks.images import ImageRecipe, build_image, download, recipes
 from orchard.tasks.loaders import DATA_DIR, save_tasks
@@ -31,8 +32,9 @@ from orchard.tasks.swe.mutate import Mutation, mutations
 from orchard.tasks.swe.statements import FailingTest, source_of_test, write_statement
 from orchard.tasks.validate import validate_task
 
+PYTEST_ARGV = "python -m pytest -p no:cacheprovider -o addopts='' -q"
 # No bytecode: a same-size edit within the same second as a cached run would otherwise load the stale .pyc.
-PYTEST = "PYTHONDONTWRITEBYTECODE=1 python -m pytest -p no:cacheprovider -o addopts='' -q"
+PYTEST = f"PYTHONDONTWRITEBYTECODE=1 {PYTEST_ARGV}"
 SKIP_PARTS = {"tests", "test", "testing", "docs", "benchmark", "scripts", "bin"}
 SKIP_NAMES = {"setup.py", "conftest.py", "__main__.py", "_version.py", "__about__.py", "version.py.in"}
 GIT_ENV = ("GIT_AUTHOR_DATE='2024-01-01T00:00:00Z' GIT_COMMITTER_DATE='2024-01-01T00:00:00Z' "
@@ -54,6 +56,7 @@ class BuildConfig:
     max_same_tests: int = 2                    # mutations sharing one FAIL_TO_PASS set kept at most
     pass_to_pass_cap: int = 100                # PASS_TO_PASS ids kept per task (sampled)
     concurrency: int = 2                       # packages screened / tasks validated at once
+    screen_timeout: float = 20                 # seconds one mutated suite run may take (a hang is discarded)
     seed: int = 0
 
 
@@ -127,7 +130,7 @@ def run_suite(sandbox: Any, recipe: ImageRecipe, files: str = "", timeout: float
     env = (f"export PYTHONDONTWRITEBYTECODE=1 PYTHONPATH={REPORT_DIR} PYTEST_ADDOPTS='-p {REPORT_PLUGIN}' "
            f"ORCHARD_PYTEST_REPORT={REPORT_DIR}/r.json ORCHARD_PYTEST_DETAILS={REPORT_DIR}/d.json; "
            f"rm -f {REPORT_DIR}/r.json {REPORT_DIR}/d.json; ")
-    result = sandbox.exec(f"{env} timeout -s KILL {int(timeout)} {PYTEST} {files} >/dev/null 2>&1; "
+    result = sandbox.exec(f"{env} timeout -s KILL {int(timeout)} {PYTEST_ARGV} {files} >/dev/null 2>&1; "
                           f"echo \"rc=$?\"; cat {REPORT_DIR}/r.json; echo; echo '@@@'; cat {REPORT_DIR}/d.json",
                           timeout=timeout + 60, cwd=recipe.repo_dir)
     head, _, details = result.stdout.partition("@@@")
@@ -136,11 +139,11 @@ def run_suite(sandbox: Any, recipe: ImageRecipe, files: str = "", timeout: float
     return parse_report(report), parse_report(details), finished
 
 
-def screen_one(sandbox: Any, recipe: ImageRecipe, root: Path, m: Mutation, clean: set[str]) -> Optional[Screened]:
+def screen_one(sandbox: Any, recipe: ImageRecipe, m: Mutation, clean: set[str], timeout: float) -> Optional[Screened]:
     target = f"{recipe.repo_dir}/{m.path}"
     sandbox.upload_content(m.mutated, target)
     try:
-        outcomes, messages, finished = run_suite(sandbox, recipe, timeout=60)
+        outcomes, messages, finished = run_suite(sandbox, recipe, timeout=timeout)
     finally:
         sandbox.upload_content(m.original, target)
     if not finished or not outcomes:
@@ -153,8 +156,8 @@ def screen_one(sandbox: Any, recipe: ImageRecipe, root: Path, m: Mutation, clean
     return Screened(m, f2p, p2p, {t: messages.get(t, "") for t in f2p})
 
 
-def screen_package(client: Any, recipe: ImageRecipe, root: Path, cands: list[Mutation],
-                   cfg: BuildConfig) -> list[Screened]:
+def screen_package(client: Any, recipe: ImageRecipe, cands: list[Mutation], cfg: BuildConfig,
+                   log: Any = print) -> list[Screened]:
     """Run the suite per candidate in one sandbox until enough are kept."""
     kept: list[Screened] = []
     seen_sets: dict[tuple[str, ...], int] = {}
@@ -162,8 +165,12 @@ def screen_package(client: Any, recipe: ImageRecipe, root: Path, cands: list[Mut
         sandbox.upload_content(PLUGIN_SOURCE, f"{REPORT_DIR}/{REPORT_PLUGIN}.py")
         base, _, _ = run_suite(sandbox, recipe)
         clean = {t for t, o in base.items() if o == "passed"}
-        for m in cands[: cfg.screen_limit]:
-            found = screen_one(sandbox, recipe, root, m, clean)
+        if not clean:
+            raise errors.TaskError(f"{recipe.image}: the unmutated test suite passed no test ({len(base)} outcomes)")
+        for n, m in enumerate(cands[: cfg.screen_limit], 1):
+            if n % 25 == 0:
+                log(f"{recipe.package}: {n} screened, {len(kept)} kept")
+            found = screen_one(sandbox, recipe, m, clean, cfg.screen_timeout)
             if found is None or len(found.fail_to_pass) > cfg.max_fail_to_pass:
                 continue
             key = tuple(found.fail_to_pass)
@@ -236,7 +243,7 @@ def build_package(client: Any, recipe: ImageRecipe, cfg: BuildConfig,
         root = unpack(recipe, Path(tmp))
         files = mutable_files(root, recipe)
         cands = candidates(root, files, cfg.seed)
-        screened = screen_package(client, recipe, root, cands, cfg)
+        screened = screen_package(client, recipe, cands, cfg, log)
         split = "test" if recipe.package in cfg.test_packages else "train"
         public = public_names(root, files)
         tasks = [make_task(recipe, s, n, split, root, public, cfg.pass_to_pass_cap, cfg.seed)
