@@ -6,7 +6,9 @@
 Each check prints PASS or FAIL with what it saw; the exit code is 0 when every check passed, 1 otherwise.
 --probe HOST:PORT is what a sandbox without network must NOT reach (default: the cluster's API server, which
 every pod reaches unless a NetworkPolicy forbids it); --reachable HOST:PORT, when given, is what a sandbox
-created with block_network=false MUST reach (a positive control for the egress policy).
+created with block_network=false MUST reach (a positive control for the egress policy); --model-endpoint
+HOST:PORT, when given, is an allow-listed model_endpoint target answering HTTP (the model proxy) that a closed
+sandbox MUST reach on its 127.0.0.1:8000 (the model-endpoint relay and its egress policy).
 Needs only the `orchard` package's SDK (httpx and pydantic): `pip install orchard` on any machine.
 """
 
@@ -27,6 +29,10 @@ from orchard import OrchardError, SandboxClient
 
 # Bash opens the TCP connection itself (no curl or python needed in the image); `timeout` bounds a silent drop.
 CONNECT = "timeout {seconds} bash -c 'exec 3<>/dev/tcp/{host}/{port}' 2>&1"
+# ...and asks for / over HTTP/1.0, printing the start of the reply (an HTTP server answers with a status line)
+HTTP_GET = ("timeout {seconds} bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port} && printf \"GET / HTTP/1.0\\r\\n\\r\\n\" >&3 "
+            "&& head -c 12 <&3' 2>&1")
+MODEL_PORT = 8000
 
 
 class Smoke:
@@ -54,6 +60,11 @@ def host_port(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _target(text: str) -> str:
+    host_port(text)
+    return text
+
+
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--url", default=os.environ.get("SANDBOX_BASE_URL"), help="the service (default $SANDBOX_BASE_URL)")
@@ -62,6 +73,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--probe", type=host_port, default=("kubernetes.default.svc", 443),
                         help="HOST:PORT a blocked sandbox must not reach (default kubernetes.default.svc:443)")
     parser.add_argument("--reachable", type=host_port, help="HOST:PORT a networked sandbox must reach (optional)")
+    parser.add_argument("--model-endpoint", type=_target, metavar="HOST:PORT",
+                        help=f"allow-listed model_endpoint target answering HTTP that a closed sandbox must reach "
+                             f"on its 127.0.0.1:{MODEL_PORT} (optional)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for a sandbox to be ready")
     args = parser.parse_args(argv)
     if not args.url:
@@ -83,6 +97,8 @@ def run(args: argparse.Namespace) -> list[str]:
                 smoke.check("delete", lambda: _delete(client, holder["sandbox"]))
         if args.reachable:
             smoke.check("egress of a networked sandbox", lambda: _networked(client, args))
+        if args.model_endpoint:
+            smoke.check("model_endpoint of a closed sandbox", lambda: _model_endpoint(client, args))
     return smoke.failures
 
 
@@ -148,6 +164,18 @@ def _networked(client: SandboxClient, args: argparse.Namespace) -> str:
     finally:
         _delete(client, holder["sandbox"])
     return f"{host}:{port} reached"
+
+
+def _model_endpoint(client: SandboxClient, args: argparse.Namespace, seconds: int = 10) -> str:
+    sandbox = client.create_sandbox(args.image, timeout=args.timeout,
+                                    model_endpoint={"port": MODEL_PORT, "target": args.model_endpoint})
+    try:
+        result = sandbox.exec(HTTP_GET.format(seconds=seconds, port=MODEL_PORT), timeout=seconds + 30)
+        assert result.stdout.startswith("HTTP/"), \
+            f"127.0.0.1:{MODEL_PORT} did not relay to {args.model_endpoint}: {result.stdout.strip()[-200:]!r}"
+    finally:
+        _delete(client, sandbox)
+    return f"127.0.0.1:{MODEL_PORT} -> {args.model_endpoint} answered {result.stdout.splitlines()[0]!r}"
 
 
 def _delete(client: SandboxClient, sandbox, within: float = 60) -> str:

@@ -6,9 +6,9 @@ Dockerfile is built unchanged but for its FROM python:... lines, which name the 
 - the agent image's entrypoint installs the agent into a folder (the pod's shared volume), and a static
   busybox image with no libc and no Python runs the agent from that folder, with no capabilities;
 - the service image, read-only and without capabilities, runs with the environment the Helm chart renders,
-  against the fake Kubernetes API server (tests/env/kube_fake) and a password-protected redis-server, and
-  scripts/smoke.py drives it: every check passes but block_network, because the fake enforces no
-  NetworkPolicy (which shows the smoke test catches a cluster whose CNI ignores policies).
+  against the fake Kubernetes API server (tests/env/kube_fake, whose kubelet gives a pod that no open egress
+  policy selects a network namespace of its own) and a password-protected redis-server, and scripts/smoke.py
+  passes every check against it.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 def build(*args: str, timeout: float = 900) -> None:
-    done = run("build", "--pull=never", *args, timeout=timeout)
+    done = run("build", "--pull=never", "--layers=false", *args, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
@@ -191,9 +191,8 @@ def test_the_service_image_runs_the_chart_environment_and_passes_the_smoke_test(
         smoke = subprocess.run([sys.executable, str(ROOT / "scripts" / "smoke.py"), "--url", f"http://127.0.0.1:{port}",
                                 "--api-key", KEY, "--probe", f"127.0.0.1:{store.port}"],
                                capture_output=True, text=True, timeout=600)
-        for check in ("health", "create", "exec", "exec exit code", "files round trip", "delete"):
+        for check in ("health", "create", "exec", "exec exit code", "files round trip", "block_network", "delete"):
             assert f"PASS {check} " in smoke.stdout, smoke.stdout + run("logs", name).stderr[-3000:]
-        assert "FAIL block_network: AssertionError: a sandbox without network reached" in smoke.stdout
-        assert smoke.returncode == 1
+        assert smoke.returncode == 0
     finally:
         run("rm", "-f", "-t", "3", name)

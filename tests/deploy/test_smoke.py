@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import http.server
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,32 @@ def test_every_check_passes_against_a_working_service(service, listener):
     for check in ("health", "create", "exec", "exec exit code", "files round trip", "block_network", "delete"):
         assert f"PASS {check} " in result.stdout, result.stdout
     assert result.stdout.rstrip().endswith("all checks passed")
+
+
+class _Model(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_the_model_endpoint_check(tmp_path):
+    """A closed sandbox reaches an allow-listed HTTP target through model_endpoint; one outside the allowlist fails."""
+    model = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Model)
+    threading.Thread(target=model.serve_forever, daemon=True).start()
+    target = f"127.0.0.1:{model.server_address[1]}"
+    env = {"ORCHARD_API_KEYS": KEY, "ORCHARD_FORWARD_ALLOWLIST": target}
+    try:
+        with ServiceProcess(state_dir=tmp_path / "state", env=env, args=[]) as svc:
+            ok = smoke("--url", svc.url, "--api-key", KEY, "--probe", "127.0.0.1:9", "--model-endpoint", target)
+            assert ok.returncode == 0 and "PASS model_endpoint of a closed sandbox" in ok.stdout, ok.stdout + ok.stderr
+            refused = smoke("--url", svc.url, "--api-key", KEY, "--probe", "127.0.0.1:9",
+                            "--model-endpoint", "127.0.0.1:1")
+            assert refused.returncode == 1 and "FAIL model_endpoint of a closed sandbox" in refused.stdout
+    finally:
+        model.shutdown()
 
 
 def test_a_wrong_key_fails_with_the_reason(service):

@@ -17,7 +17,7 @@ def make_run(out: Path, outcomes: dict[str, list], group_of=lambda t: t.split("-
             rid = f"{task}#{i}"
             row.update(rollout_id=rid, task_id=task, group=group_of(task), sample=i, harness=harness,
                        model="http://m", instruction=f"fix {task}", total_s=10.0, sandbox_s=3.0, harness_s=5.0,
-                       grade_s=1.5, overhead_s=0.5, model_s=2.0)
+                       grade_s=1.5, proxy_s=0.25, overhead_s=0.25, model_s=2.0)
             if isinstance(result, str):
                 row.update(failure_kind=result, error="boom")
             else:

@@ -1,7 +1,7 @@
 """The real Codex CLI, Claude Code and OpenCode binaries drive the proxy (a real uvicorn process) on a small task;
 their calls stitch into a main branch and every sample decodes to exactly what the upstream produced.
 
-Slow, and skipped unless the binaries are found on ORCHARD_HARNESS_BIN or PATH."""
+Slow, and skipped unless the binaries are found (ORCHARD_HARNESS_BIN, PATH, ~/.cache/orchard/tools/bin)."""
 
 from __future__ import annotations
 
@@ -23,14 +23,16 @@ WRITE = "echo hello > hello.txt"
 
 
 def binary(name: str) -> str:
-    found = shutil.which(name, path=os.environ.get("ORCHARD_HARNESS_BIN") or os.environ.get("PATH"))
+    """ORCHARD_HARNESS_BIN, else PATH, else the tools folder the harness adapters install into."""
+    folders = [os.environ.get("ORCHARD_HARNESS_BIN"), os.environ.get("PATH"), os.path.expanduser("~/.cache/orchard/tools/bin")]
+    found = shutil.which(name, path=os.pathsep.join(f for f in folders if f))
     if not found:
         pytest.skip(f"{name} not found (set ORCHARD_HARNESS_BIN to a folder holding it)")
     return found
 
 
 def policy_for(decisions: list[dict]):
-    """Write the file with whatever shell tool the harness offers, then finish."""
+    """Write the file with whatever shell tool the harness offers (slowly), then finish."""
     def policy(messages, tools):
         names = {t["function"]["name"] for t in tools or []}
         if messages[-1]["role"] == "tool":
@@ -43,7 +45,8 @@ def policy_for(decisions: list[dict]):
         else:
             decision = {"content": "A title"}
         decisions.append(decision)
-        return decision
+        # the tool call takes longer than the proxy's 5 s keep-alive interval: the harness must accept the comments
+        return decision | {"delay": 6.0} if decision.get("tool_calls") else decision
     return policy
 
 
@@ -98,9 +101,12 @@ def test_real_harness_through_the_proxy(live_proxy, upstream, tmp_path, harness)
     assert (workdir / "hello.txt").read_text() == "hello\n"
     result = httpx.get(f"{live_proxy}/sessions/{session['id']}/trajectories", headers=admin).json()
     main = max(result["trajectories"], key=lambda t: len(t["calls"]))
-    assert len(main["calls"]) >= 2 and not main["ambiguous"]
-    sampled = sorted(bytes(s["input_ids"][s["prompt_length"]:]).decode() for s in result["samples"])
-    assert sampled == sorted(render_completion(d.get("content") or "", d.get("tool_calls") or []) for d in decisions)
+    assert len(main["calls"]) == 2 and not main["ambiguous"]
+    texts = [render_completion(d.get("content") or "", d.get("tool_calls") or []) for d in decisions]
+    assert bytes(t for t, m in zip(main["input_ids"], main["loss_mask"]) if m).decode() == "".join(
+        text for text, d in zip(texts, decisions) if d.get("tool_calls") or d["content"] == "Done.")
+    # side calls (OpenCode's title) may be abandoned when the harness exits; whatever was recorded is exact
+    assert {bytes(s["input_ids"][s["prompt_length"]:]).decode() for s in result["samples"]} <= set(texts)
 
 
 def _logs(home) -> str:

@@ -124,7 +124,10 @@ def test_export_loads_with_hugging_face_datasets(proxy, upstream, tmp_path):
     poster(proxy, text_session)("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
     proxy.admin("POST", f"/sessions/{session['id']}/reward", json={"reward": 1.0})
     counts = export(tmp_path / "store", tmp_path / "out")
-    assert counts == {"calls": 3, "samples": 2, "trajectories": 1}
+    assert counts == {"sessions": 2, "calls": 3, "samples": 2, "trajectories": 1}
+    sessions = datasets.load_dataset("parquet", data_files=str(tmp_path / "out" / "sessions.parquet"), split="train",
+                                     cache_dir=str(tmp_path / "hf"))
+    assert sorted(sessions["reward"], key=str) == [1.0, None] and sorted(sessions["calls"]) == [1, 2]
     trajectories = datasets.load_dataset("parquet", data_files=str(tmp_path / "out" / "trajectories.parquet"), split="train",
                                           cache_dir=str(tmp_path / "hf"))
     row = trajectories[0]
@@ -152,3 +155,14 @@ def test_an_unrecordable_call_is_not_answered(make_proxy, durability):
                                  headers={"Authorization": f"Bearer {session['key']}"})
     assert response.status_code == 500 and "could not record" in response.json()["error"]["message"]
     assert "choices" not in response.json()
+
+
+def test_one_proxy_per_store(tmp_path):
+    from orchard.errors import ConflictError
+    from orchard.proxy.recorder import Recorder
+
+    first = Recorder(tmp_path / "store")
+    with pytest.raises(ConflictError, match="in use"):
+        Recorder(tmp_path / "store")
+    first.close()
+    Recorder(tmp_path / "store").close()

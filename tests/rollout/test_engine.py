@@ -46,7 +46,8 @@ async def test_rollouts_are_scored_and_written_as_a_dataset(env_url, proxy_url, 
     # the loss mask is 1 exactly on what the model sampled: the four assistant turns decode to the oracle's words
     sampled = [t for t, m in zip(row["input_ids"], row["loss_mask"]) if m]
     assert "Done: the task is complete." in tokenizer.decode(sampled) and "Write the word" not in tokenizer.decode(sampled)
-    assert row["total_s"] >= row["sandbox_s"] + row["harness_s"] + row["grade_s"] - 1e-6
+    parts = row["sandbox_s"] + row["harness_s"] + row["grade_s"] + row["proxy_s"]
+    assert abs(row["total_s"] - parts - row["overhead_s"]) < 1e-6 and row["proxy_s"] > 0
     assert run.stats["overhead_fraction"] is not None and run.stats["scored"] == 6
 
     from datasets import load_dataset
@@ -122,3 +123,18 @@ async def test_harness_that_cannot_start_is_an_infra_failure(env_url, proxy_url,
     await gateway.aclose()
     row = run.rows[0]
     assert row["failure_kind"] == "harness" and "cannot start" in row["error"] and row["reward"] is None
+
+
+async def test_shipped_terminal_tasks_solved_by_the_oracle(env_url, proxy_url, oracle, tmp_path):
+    from orchard.rollout.demo import pick_tasks
+    from orchard.rollout.oracle import oracle_task
+
+    picked = pick_tasks("terminal", 3)
+    saved = oracle.tasks
+    oracle.tasks, oracle.error_rate = [oracle_task(t) for t in picked], 0.0
+    try:
+        run = await run_engine(env_url, proxy_url, tmp_path, [SuiteTask(t) for t in picked], concurrency=3)
+    finally:
+        oracle.tasks = saved
+    assert [(r["resolved"], r["failure_kind"]) for r in run.rows] == [(True, None)] * 3, [r["grade_detail"] for r in run.rows]
+    assert len({r["group"] for r in run.rows}) == 3

@@ -101,7 +101,7 @@ def test_page_lists_filters_and_shows_a_trajectory(viewer, browser):
     assert [s.text for s in browser.find_elements(By.CSS_SELECTOR, "#mask .mask-1")] == ["t3 t4", "t6"]
     assert "+a <= b" in browser.find_element(By.ID, "diff").text
     assert browser.find_element(By.ID, "reward").text == "1 resolved"
-    assert "grade 1.50 s" in browser.find_element(By.ID, "timings").text
+    assert "grade 1.50 s, proxy 0.25 s, engine 0.25 s" in browser.find_element(By.ID, "timings").text
     assert "#0 2+2 (tool_calls)" in browser.find_element(By.ID, "tokens").text
 
 

@@ -7,6 +7,11 @@ from pathlib import Path
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from orchard.rollout.cli import _reported
+    return _reported(lambda: _eval_run(args))
+
+
+def _eval_run(args: argparse.Namespace) -> int:
     from orchard.eval.report import build_report, compare_reports, load_run
     from orchard.eval.write import markdown, write_all
 

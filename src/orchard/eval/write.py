@@ -56,6 +56,7 @@ def plot_pass_at_k(reports: list[dict[str, Any]], path: Path) -> None:
         ks = list(rep["pass_at_k"])
         ax.plot(ks, [rep["pass_at_k"][k] for k in ks], marker="o", label=f"{rep['name']} pass@k")
         ax.plot(ks, [rep["pass_hat_k"][k] for k in ks], marker="x", linestyle="--", label=f"{rep['name']} pass^k")
+    ax.set_xticks(sorted({k for rep in reports for k in rep["pass_at_k"]}))
     ax.set(xlabel="k", ylabel="probability", ylim=(0, 1.02), title="pass@k and pass^k")
     ax.legend(fontsize="small")
     fig.tight_layout()

@@ -77,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--log-level", default="warning")
     serve.set_defaults(func=_serve)
 
-    export = proxy.add_parser("export", help="write calls, samples and trajectories of a store as Parquet")
+    export = proxy.add_parser("export", help="write sessions, calls, samples and trajectories of a store as Parquet")
     export.add_argument("--store", required=True)
     export.add_argument("--out", required=True)
     export.set_defaults(func=_export)

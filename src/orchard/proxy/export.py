@@ -1,4 +1,4 @@
-"""Export a proxy store as Parquet datasets: calls, per-call samples and stitched trajectories."""
+"""Export a proxy store as Parquet datasets: sessions, calls, per-call samples and stitched trajectories."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from orchard.records import ModelCall
 
 
 def load_store(store_dir: str | Path) -> tuple[dict[str, list[ModelCall]], dict[str, dict[str, Any]]]:
-    """Every recorded call grouped by session, and each session's last known state (reward, status, metadata)."""
+    """Every recorded call grouped by session, and each session's last known state (status, reward, metadata)."""
     if not (Path(store_dir) / CALLS).exists():
         raise RequestError(f"{store_dir} is not a proxy store (no {CALLS})")
     calls: dict[str, list[ModelCall]] = defaultdict(list)
@@ -26,24 +26,29 @@ def load_store(store_dir: str | Path) -> tuple[dict[str, list[ModelCall]], dict[
 def _session_states(store_dir: str | Path) -> dict[str, dict[str, Any]]:
     states: dict[str, dict[str, Any]] = {}
     for event in read_records(store_dir, SESSIONS):
-        state = states.setdefault(event["id"], {"reward": None, "status": "open", "metadata": {}})
+        state = states.setdefault(event["id"], {"session_id": event["id"], "status": "open", "reason": None,
+                                                "reward": None, "reward_info": "{}", "metadata": "{}", "created_at": None})
         if event["event"] == "created":
-            state["metadata"] = event.get("options", {}).get("metadata", {})
+            state["metadata"] = json.dumps(event.get("options", {}).get("metadata", {}))
+            state["created_at"] = event.get("created_at")
         elif event["event"] == "reward":
-            state["reward"] = event["reward"]
+            state["reward"], state["reward_info"] = event["reward"], json.dumps(event.get("info", {}))
         elif event["event"] == "status":
-            state["status"] = event["status"]
+            state["status"], state["reason"] = event["status"], event.get("reason")
     return states
 
 
 def _rows(store_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
     calls, states = load_store(store_dir)
-    rows: dict[str, list[dict[str, Any]]] = {"calls": [], "samples": [], "trajectories": []}
-    for session_id in sorted(calls):
-        reward = states.get(session_id, {}).get("reward")
-        rows["calls"] += [_call_row(c) for c in sorted(calls[session_id], key=lambda c: c.index)]
-        rows["samples"] += [s.model_dump() for s in samples(calls[session_id], reward)]
-        rows["trajectories"] += [t.model_dump() for t in stitch(calls[session_id], reward)]
+    rows: dict[str, list[dict[str, Any]]] = {"sessions": [], "calls": [], "samples": [], "trajectories": []}
+    for session_id in sorted(states):
+        reward = states[session_id]["reward"]
+        session_calls = calls.get(session_id, [])
+        rows["sessions"].append(states[session_id] | {"calls": len(session_calls),
+                                                      "infra_failures": sum(c.infra_failure for c in session_calls)})
+        rows["calls"] += [_call_row(c) for c in sorted(session_calls, key=lambda c: c.index)]
+        rows["samples"] += [s.model_dump() for s in samples(session_calls, reward)]
+        rows["trajectories"] += [t.model_dump() for t in stitch(session_calls, reward)]
     return rows
 
 
@@ -59,6 +64,9 @@ def _schemas() -> dict[str, Any]:
 
     ids, floats, text = pa.list_(pa.int64()), pa.list_(pa.float64()), pa.string()
     return {
+        "sessions": pa.schema([("session_id", text), ("status", text), ("reason", text), ("reward", pa.float64()),
+                               ("reward_info", text), ("metadata", text), ("created_at", pa.float64()),
+                               ("calls", pa.int64()), ("infra_failures", pa.int64())]),
         "calls": pa.schema([("session_id", text), ("index", pa.int64()), ("dialect", text), ("request", text),
                             ("upstream_request", text), ("reply", text), ("prompt_token_ids", ids),
                             ("completion_token_ids", ids), ("logprobs", floats), ("finish_reason", text),
@@ -75,7 +83,7 @@ def _schemas() -> dict[str, Any]:
 
 
 def export(store_dir: str | Path, out_dir: str | Path) -> dict[str, int]:
-    """Write calls.parquet, samples.parquet and trajectories.parquet under ``out_dir``; return the row counts."""
+    """Write sessions, calls, samples and trajectories ``.parquet`` files under ``out_dir``; return the row counts."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 

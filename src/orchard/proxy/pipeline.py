@@ -78,13 +78,15 @@ class Pipeline:
         except OrchardError as e:
             await self._note_limit(session)
             return error_response(dialect, e)
-        work = asyncio.ensure_future(self.forward(dialect, session, request.state.raw_body, call, index, budget, started))
-        if call.stream:
-            await asyncio.wait({work}, timeout=self.keepalive_s)
-            if not work.done():
-                return StreamingResponse(_keepalive(dialect, work, self.keepalive_s), media_type="text/event-stream",
-                                         headers=SSE_HEADERS)
-        return await work
+        reply = self.forward(dialect, session, request.state.raw_body, call, index, budget, started)
+        if not call.stream:
+            return await reply
+        work = asyncio.ensure_future(reply)
+        await asyncio.wait({work}, timeout=self.keepalive_s)
+        if work.done():
+            return work.result()
+        return StreamingResponse(_keepalive(dialect, work, self.keepalive_s), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
 
     def _take_slot(self, session: Session) -> tuple[int, Optional[int]]:
         if session.status == "refused":

@@ -26,6 +26,7 @@ class Recorder:
     def __init__(self, store_dir: str | Path, durability: Durability = "fsync"):
         self.dir = Path(store_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = _lock_store(self.dir)
         self.durability = durability
         self.files = {name: open(self.dir / name, "ab", buffering=0) for name in (CALLS, SESSIONS)}
         self.offsets: dict[str, list[tuple[int, int]]] = {}
@@ -39,6 +40,7 @@ class Recorder:
     def close(self) -> None:
         for f in self.files.values():
             f.close()
+        self._lock.close()
 
     async def append(self, name: str, record: dict[str, Any], session_id: str | None = None,
                      raw: Optional[dict[str, bytes]] = None) -> None:
@@ -64,7 +66,7 @@ class Recorder:
                 batch, self._pending = self._pending, []
                 try:
                     await asyncio.to_thread(self._write, batch)
-                except OSError as e:
+                except Exception as e:  # every waiter must hear of it, whatever it was
                     _settle(batch, e)
                     continue
                 _settle(batch, None)
@@ -105,6 +107,21 @@ class Recorder:
                 self.offsets.setdefault(record.get("session_id", ""), []).append((offset, len(line)))
                 yield record
             offset += len(line)
+
+
+def _lock_store(directory: Path) -> Any:
+    """One proxy per store: a second one would interleave call indices and sessions."""
+    import fcntl
+
+    from orchard.errors import ConflictError
+
+    handle = open(directory / "lock", "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as e:
+        handle.close()
+        raise ConflictError(f"the store {directory} is in use by another proxy") from e
+    return handle
 
 
 def load_call(record: dict[str, Any]) -> "ModelCall":

@@ -20,8 +20,8 @@ def figures(rows: list[dict[str, Any]], stats: dict[str, Any]) -> dict[str, Any]
         "wall_s": round(stats["wall_s"], 2), "rollouts_per_min": round(stats["rollouts_per_min"], 1),
         "mean_rollout_s": round(mean(r["total_s"] for r in ok), 3) if ok else None,
         "mean_s": {k: round(mean(r[k] or 0.0 for r in ok), 3) for k in
-                   ("sandbox_s", "harness_s", "model_s", "grade_s", "overhead_s")} if ok else {},
-        "overhead_fraction_total": stats["overhead_fraction"],
+                   ("sandbox_s", "harness_s", "model_s", "grade_s", "proxy_s", "overhead_s")} if ok else {},
+        "overhead_fraction_total": stats["overhead_fraction"], "proxy_fraction_total": stats["proxy_fraction"],
         "overhead_fraction_p50": cuts[9] if cuts else None, "overhead_fraction_p95": cuts[18] if cuts else None,
     }
 
@@ -44,9 +44,10 @@ def main(args: argparse.Namespace) -> int:
     print(f"{result['rollouts']} rollouts (echo tasks, built-in harness, scripted oracle through the proxy) "
           f"at concurrency {args.concurrency}: {result['rollouts_per_min']} rollouts/min, wall {result['wall_s']}s")
     print(f"mean rollout {result['mean_rollout_s']}s = sandbox {m.get('sandbox_s')}s + harness {m.get('harness_s')}s "
-          f"(model {m.get('model_s')}s inside) + grade {m.get('grade_s')}s + engine {m.get('overhead_s')}s")
-    frac = result["overhead_fraction_total"]
+          f"(model {m.get('model_s')}s inside) + grade {m.get('grade_s')}s + proxy bookkeeping {m.get('proxy_s')}s "
+          f"+ engine {m.get('overhead_s')}s")
+    frac, proxy = result["overhead_fraction_total"], result["proxy_fraction_total"]
     print(f"engine overhead: {100 * frac:.2f}% of rollout wall time (per rollout p50 "
           f"{100 * result['overhead_fraction_p50']:.2f}%, p95 {100 * result['overhead_fraction_p95']:.2f}%); "
-          f"infrastructure failures {json.dumps(result['infra_failures'])}")
+          f"with proxy bookkeeping {100 * (frac + proxy):.2f}%; infrastructure failures {json.dumps(result['infra_failures'])}")
     return 0

@@ -3,21 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import sys
+
+
+def _reported(run) -> int:
+    """Run a command; an Orchard error (bad task file, service that will not start, ...) is one line, not a trace."""
+    from orchard.errors import OrchardError
+
+    try:
+        return run()
+    except OrchardError as exc:
+        print(f"orchard: {type(exc).__name__}: {exc.detail}", file=sys.stderr)
+        return 2
 
 
 def _rollout(args: argparse.Namespace) -> int:
     from orchard.rollout.run import main
-    return main(args)
+    return _reported(lambda: main(args))
 
 
 def _bench(args: argparse.Namespace) -> int:
     from orchard.rollout.bench import main
-    return main(args)
+    return _reported(lambda: main(args))
 
 
 def _demo(args: argparse.Namespace) -> int:
     from orchard.rollout.demo import main
-    return main(args)
+    return _reported(lambda: main(args))
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +44,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished rollouts")
     parser.add_argument("--retry-infra", action="store_true", help="with --resume: run infrastructure failures again")
     parser.add_argument("--max-attempts", type=int, default=3, help="tries per rollout before an infra failure is recorded")
-    parser.add_argument("--env-url", help="a running Orchard Env (default: start one)")
+    parser.add_argument("--env-url", help="a running Orchard Env (default: start one); it must allow forwarding to the proxy")
+    parser.add_argument("--proxy-url", help="a running `orchard proxy serve --no-auth` (default: start one); "
+                                            "--model then only labels the rows")
     parser.add_argument("--oracle-error-rate", type=float, default=0.3)
     parser.add_argument("--seed", type=int, default=0, help="the oracle's seed")
     parser.add_argument("--max-steps", type=int, default=30, help="agent steps per rollout")

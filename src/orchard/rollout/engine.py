@@ -148,7 +148,7 @@ class Engine:
         total = time.monotonic() - clock.start
         spent = clock.spent
         row.update(total_s=total, sandbox_s=spent["sandbox"], harness_s=spent["harness"], grade_s=spent["grader"],
-                   overhead_s=max(0.0, total - spent["sandbox"] - spent["harness"] - spent["grader"]))
+                   proxy_s=spent["proxy"], overhead_s=max(0.0, total - sum(spent.values())))
         return {"row": row, "samples": samples_of(record, row["rollout_id"], task.task_id, grade.reward)}
 
     def _base_row(self, task: RolloutTask, sample: int, attempt: int, started: float) -> dict[str, Any]:
@@ -195,7 +195,7 @@ class Engine:
         async def worker(task: RolloutTask, sample: int) -> None:
             async with sem:
                 entry = await self.rollout(task, sample)
-            journal.append(entry)
+            await asyncio.to_thread(journal.append, entry)   # the fsync must not stall the other rollouts
             done[entry["row"]["rollout_id"]] = entry
             progress.add(entry["row"])
 

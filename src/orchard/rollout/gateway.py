@@ -8,7 +8,8 @@ from urllib.parse import urlsplit
 import httpx
 
 from orchard.errors import error_from_response
-from orchard.records import ModelCall, Trajectory
+from orchard.proxy.stitching import stitch
+from orchard.records import ModelCall
 from orchard.rollout.parts import Session, SessionRecord
 
 
@@ -42,10 +43,9 @@ class ProxyGateway:
         return Session(session_id=data["id"], key=data["key"], base_url=urls["openai_chat"], urls=urls)
 
     async def record(self, session: Session) -> SessionRecord:
-        calls = await self._call("GET", f"/sessions/{session.session_id}/calls")
-        stitched = await self._call("GET", f"/sessions/{session.session_id}/trajectories")
-        return SessionRecord(calls=[ModelCall.model_validate(c) for c in calls],
-                             trajectories=[Trajectory.model_validate(t) for t in stitched["trajectories"]])
+        """The session's calls, stitched here (the proxy's own stitching, without a second round trip)."""
+        calls = [ModelCall.model_validate(c) for c in await self._call("GET", f"/sessions/{session.session_id}/calls")]
+        return SessionRecord(calls=calls, trajectories=stitch(calls, None))
 
     async def reward(self, session: Session, reward: float) -> None:
         await self._call("POST", f"/sessions/{session.session_id}/reward", json={"reward": reward})

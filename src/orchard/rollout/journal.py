@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -19,6 +20,7 @@ class Journal:
         self.path = Path(path)
         self._repair()
         self._fh = open(self.path, "a", encoding="utf-8")
+        self._lock = threading.Lock()
 
     def _repair(self) -> None:
         """Truncate a trailing partial line left by a crash."""
@@ -40,9 +42,12 @@ class Journal:
         return iter(seen.values())
 
     def append(self, entry: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(entry, separators=(",", ":")) + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        """Write one entry and fsync it (safe from several threads)."""
+        line = json.dumps(entry, separators=(",", ":")) + "\n"
+        with self._lock:
+            self._fh.write(line)
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
 
     def close(self) -> None:
         self._fh.close()

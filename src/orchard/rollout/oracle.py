@@ -17,7 +17,6 @@ Real distillation does not use this: point the rollout engine's ``--model`` at a
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import threading

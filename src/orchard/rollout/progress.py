@@ -15,6 +15,7 @@ class Progress:
         self.scored = self.resolved = self.new = 0
         self.failures: Counter[str] = Counter()
         self.overhead: list[float] = []
+        self.proxy: list[float] = []
         self.wall: list[float] = []
         self.t0 = time.monotonic()
         self._bar: Optional[Any] = None
@@ -30,6 +31,7 @@ class Progress:
         self.resolved += int(bool(row["resolved"]))
         if row["total_s"]:
             self.overhead.append(row["overhead_s"])
+            self.proxy.append(row["proxy_s"] or 0.0)
             self.wall.append(row["total_s"])
 
     def describe(self) -> str:
@@ -52,7 +54,8 @@ class Progress:
                 "infra_failures": dict(self.failures),
                 "mean_rollout_s": sum(self.wall) / len(self.wall) if self.wall else None,
                 "mean_overhead_s": sum(self.overhead) / len(self.overhead) if self.overhead else None,
-                "overhead_fraction": sum(self.overhead) / sum(self.wall) if self.wall and sum(self.wall) else None}
+                "overhead_fraction": sum(self.overhead) / sum(self.wall) if self.wall and sum(self.wall) else None,
+                "proxy_fraction": sum(self.proxy) / sum(self.wall) if self.wall and sum(self.wall) else None}
 
     def __enter__(self) -> "Progress":
         if self.enabled:

@@ -24,7 +24,10 @@ class RolloutConfig(BaseModel):
     harness: str = Field("minimal", description="Harness adapter name.")
     model: str = Field(description="Model endpoint URL (OpenAI-compatible with token ids), 'oracle' or 'local'.")
     engine: EngineConfig = Field(description="Samples, concurrency, output directory, retries, resume.")
-    env_url: Optional[str] = Field(None, description="A running Orchard Env (default: start one, local backend).")
+    env_url: Optional[str] = Field(None, description="A running Orchard Env (default: start one, local backend); "
+                                                     "its ORCHARD_FORWARD_ALLOWLIST must hold the proxy's host:port.")
+    proxy_url: Optional[str] = Field(None, description="A running `orchard proxy serve` (--no-auth, loopback) in front "
+                                                       "of the model; then `model` only labels the rows.")
     oracle_error_rate: float = Field(0.3, ge=0, le=1, description="With model 'oracle': share of deliberately flawed runs.")
     oracle_seed: int = Field(0, description="With model 'oracle': seed of its choices.")
     max_steps: int = Field(30, gt=0, description="Agent steps (model calls) per rollout.")
@@ -77,7 +80,7 @@ def run_rollouts(config: RolloutConfig) -> RolloutRun:
     out.mkdir(parents=True, exist_ok=True)
     oracle = _oracle_file(tasks, out) if config.model == "oracle" else None
     with Stack(config.model, out / "services", oracle, config.oracle_error_rate, config.oracle_seed,
-               config.env_url, _tools_dir(config.harness)) as stack:
+               config.env_url, _tools_dir(config.harness), config.proxy_url) as stack:
         return asyncio.run(_run(config, tasks, stack.env_url, stack.proxy_url))
 
 
@@ -87,7 +90,7 @@ def config_from_args(args: argparse.Namespace) -> RolloutConfig:
     engine = EngineConfig(out=Path(args.out), samples=args.samples, concurrency=args.concurrency, resume=args.resume,
                           retry_infra=args.retry_infra, max_attempts=args.max_attempts, progress=not args.no_progress)
     return RolloutConfig(tasks=args.tasks, split=args.split, limit=args.limit, harness=args.harness, model=args.model,
-                         engine=engine, env_url=args.env_url, oracle_error_rate=args.oracle_error_rate,
+                         engine=engine, env_url=args.env_url, proxy_url=args.proxy_url, oracle_error_rate=args.oracle_error_rate,
                          oracle_seed=args.seed, max_steps=args.max_steps, timeout_s=args.timeout)
 
 
@@ -98,8 +101,9 @@ def print_stats(run: RolloutRun) -> None:
     mean = "-" if s["mean_rollout_s"] is None else f"{s['mean_rollout_s']:.2f}s"
     print(f"{s['done']}/{s['total']} rollouts in {run.out}: pass rate {rate} over {s['scored']} scored; "
           f"infrastructure failures {json.dumps(s['infra_failures'])}")
+    proxy = "-" if s["proxy_fraction"] is None else f"{100 * s['proxy_fraction']:.2f}%"
     print(f"this invocation: {s['ran_now']} rollouts in {s['wall_s']:.1f}s = {s['rollouts_per_min']:.1f} rollouts/min; "
-          f"mean rollout {mean}; engine overhead {frac} of rollout wall time")
+          f"mean rollout {mean}; engine overhead {frac} of rollout wall time (proxy bookkeeping {proxy} more)")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -44,7 +44,8 @@ TRAJECTORY = pa.schema([
     ("harness_s", pa.float64()),      # the harness run, model calls included
     ("model_s", pa.float64()),        # time the proxy waited on the upstream model (inside harness_s)
     ("grade_s", pa.float64()),        # grading, in its own fresh sandbox
-    ("overhead_s", pa.float64()),     # total - sandbox - harness - grade: the engine's own time
+    ("proxy_s", pa.float64()),        # proxy bookkeeping: open the session, fetch its record, attach the reward
+    ("overhead_s", pa.float64()),     # total - sandbox - harness - grade - proxy: the engine's own time
 ])
 
 SAMPLE = pa.schema([

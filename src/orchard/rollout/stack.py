@@ -67,31 +67,38 @@ class Stack:
 
     ``model`` is a URL (an existing OpenAI-compatible server: vLLM, SGLang, `orchard model serve`), or
     ``oracle`` (the scripted server answering with the oracle teacher over ``tasks_file``), or ``local``
-    (`orchard model serve` with SmolLM2 on this machine). Pass ``env_url`` to use a running Orchard Env.
+    (`orchard model serve` with SmolLM2 on this machine). Pass ``proxy_url`` to use a running proxy (then
+    ``model`` is only a label) and ``env_url`` for a running Orchard Env (its ORCHARD_FORWARD_ALLOWLIST must
+    hold the proxy's host:port).
     """
 
     def __init__(self, model: str, work_dir: Path, tasks_file: Optional[Path] = None, oracle_error_rate: float = 0.3,
-                 oracle_seed: int = 0, env_url: Optional[str] = None, tools_dir: Optional[Path] = None):
+                 oracle_seed: int = 0, env_url: Optional[str] = None, tools_dir: Optional[Path] = None,
+                 proxy_url: Optional[str] = None):
         self.model, self.work_dir, self.tasks_file = model, Path(work_dir), tasks_file
         self.oracle_env = {"ORCHARD_ORACLE_ERROR_RATE": str(oracle_error_rate), "ORCHARD_ORACLE_SEED": str(oracle_seed)}
         self.env_url, self.tools_dir = env_url, tools_dir
         self.procs: list[Proc] = []
         self.service: Optional[ServiceProcess] = None
-        self.model_url = self.proxy_url = ""
+        self.model_url, self.proxy_url = "", proxy_url or ""
 
     def __enter__(self) -> "Stack":
         self.work_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self.model_url = self._model()
-            proxy_port = free_port()
-            self.proxy_url = self._start(Proc("proxy", ["proxy", "serve", "--upstream", self.model_url, "--port",
-                                                        str(proxy_port), "--store", str(self.work_dir / "proxy-store"),
-                                                        "--no-auth", "--durability", "flush"], proxy_port, self.work_dir))
-            self.env_url = self.env_url or self._service(proxy_port)
+            if not self.proxy_url:
+                self.model_url = self._model()
+                self.proxy_url = self._proxy()
+            self.env_url = self.env_url or self._service(httpx.URL(self.proxy_url).port or 80)
         except BaseException:
             self.__exit__()
             raise
         return self
+
+    def _proxy(self) -> str:
+        port = free_port()
+        argv = ["proxy", "serve", "--upstream", self.model_url, "--port", str(port), "--store",
+                str(self.work_dir / "proxy-store"), "--no-auth", "--durability", "flush"]
+        return self._start(Proc("proxy", argv, port, self.work_dir))
 
     def _start(self, proc: Proc, timeout: float = 120.0) -> str:
         self.procs.append(proc)

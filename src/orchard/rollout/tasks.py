@@ -25,7 +25,8 @@ class SuiteTask:
         self.task = task
         self.task_id, self.image, self.instruction = task.id, task.image, task.instruction
         self.workdir = task.setup.workdir
-        self.group = getattr(task, "repo", "") or str(task.metadata.get("category") or task.suite)
+        meta = task.metadata
+        self.group = str(meta.get("package") or getattr(task, "repo", "") or meta.get("category") or task.suite)
 
     async def create(self, client: Any, **kwargs: Any) -> Any:
         """A sandbox from the task image (built on demand when the suite knows how)."""

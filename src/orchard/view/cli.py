@@ -19,6 +19,11 @@ def _decoder(enabled: bool):
 
 
 def _view(args: argparse.Namespace) -> int:
+    from orchard.rollout.cli import _reported
+    return _reported(lambda: _view_run(args))
+
+
+def _view_run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from orchard.view.app import create_app

@@ -182,6 +182,8 @@ for pid in filter(str.isdigit, os.listdir('/proc')):
 async def test_what_the_backend_cannot_do_says_so(backend):
     with pytest.raises(errors.SandboxFailedError, match="model_endpoint target 'no-such-host.invalid'"):
         await backend.create(spec("ep", model_endpoint=(8000, "no-such-host.invalid", 9)))
+    with pytest.raises(errors.SandboxFailedError, match="agent's port"):
+        await backend.create(spec("ep", model_endpoint=(7070, "127.0.0.1", 9)))
     with pytest.raises(errors.SandboxNotFoundError):
         await backend.exec("nobody", ExecSpec(["true"]))
     await backend.create(spec("snap"))
@@ -235,6 +237,15 @@ async def test_model_endpoint_relays_through_the_agent_and_allows_only_its_targe
     assert sorted(k for verb, k, _ in calls if verb == "create") == ["networkpolicies"] * 2 + ["pods"] * 2 + \
         ["secrets"] * 2
     assert not {n for n in cluster.names("networkpolicies") if "ep-" in n}
+
+
+async def test_a_relay_that_cannot_listen_fails_the_sandbox_with_the_reason(backend, cluster):
+    """Port 80 needs CAP_NET_BIND_SERVICE, which sandbox containers drop: the agent exits saying so."""
+    with pytest.raises(errors.SandboxFailedError) as err:
+        await backend.create(spec("ep-80", model_endpoint=(80, "127.0.0.1", 9)))
+    assert "model endpoint relay" in err.value.detail and "Permission denied" in err.value.detail
+    await gone(cluster, "ep-80")
+    assert pods.model_name("ep-80") not in cluster.names("networkpolicies")
 
 
 def test_reconcile_removes_only_old_unowned_sandboxes(tmp_path, cluster):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import kubernetes_validate
 import pytest
 from kubernetes import client as kube
 
@@ -118,7 +119,9 @@ def test_model_egress_allows_exactly_the_target_addresses_and_port(settings):
     assert policy["spec"]["egress"] == [{"to": [{"ipBlock": {"cidr": "10.1.2.3/32"}},
                                                 {"ipBlock": {"cidr": "fd00::7/128"}}],
                                          "ports": [{"protocol": "TCP", "port": 8300}]}]
-    kube.ApiClient()._ApiClient__deserialize(policy, "V1NetworkPolicy")
+    pod = pods.sandbox_pod(settings, MODEL_SPEC, "img", ["10.1.2.3", "fd00::7"])
+    for obj in (policy, pod):
+        kubernetes_validate.validate(obj, kubernetes_validate.latest_version(), strict=True)
     with pytest.raises(ValueError):
         pods.model_egress(settings, MODEL_SPEC, [])
     with pytest.raises(ValueError):
@@ -132,3 +135,4 @@ def test_model_endpoint_reaches_the_agent_as_a_private_env(settings):
     assert agent.RELAY_ENV in agent.PRIVATE_ENV, "commands in the sandbox must not see it"
     plain = pods.sandbox_pod(settings, SPEC, "img")["spec"]["containers"][0]
     assert [e["name"] for e in plain["env"]] == [agent.PORT_ENV]
+    assert main["terminationMessagePolicy"] == "FallbackToLogsOnError", "a relay that cannot start says why"

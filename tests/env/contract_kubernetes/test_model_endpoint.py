@@ -3,8 +3,8 @@
 The shared test_model_endpoint_reaches_only_its_target also asserts that the sandbox cannot open
 the target itself directly. On Kubernetes it can: the relay runs in the agent, a process of the
 pod, and the NetworkPolicy that lets the agent reach the target's address and port lets the whole
-pod reach them (the fake's network emulates that faithfully). What holds, and is checked here: the
-loopback port reaches the model, and nothing but the target is reachable from the sandbox.
+pod reach them (the fake's network emulates that faithfully, and the first test checks it). What
+holds, and is checked here: the loopback port reaches the model, and nothing but the target is reachable.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ def test_model_endpoint_reaches_its_target_and_nothing_else(client, model_server
         other = sb.exec(["python3", "-c", CONNECT, service_port])
         assert other.exit_code != 0 and "connected" not in other.stdout
         assert "ORCHARD_AGENT" not in sb.exec("env").stdout
+        # what the shared test forbids and a pod-wide NetworkPolicy cannot: checked so the skip reason stays true
+        direct = sb.exec(["python3", "-c", CONNECT, str(model_server)])
+        assert direct.exit_code == 0 and "connected" in direct.stdout
 
 
 def test_two_sandboxes_use_the_same_port(client, model_server):

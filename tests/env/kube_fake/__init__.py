@@ -2,7 +2,8 @@
 
 ``api.py`` is the REST subset (pods, Secrets, NetworkPolicies, namespaces, nodes; label selectors,
 resourceVersions, watch streams); ``kubelet.py`` runs each pod's containers as local bubblewrap
-processes and writes their status. ``FakeCluster`` starts both in a child process and writes a
+processes and writes their status; ``network.py`` gives closed pods a network namespace of their own
+and emulates what their NetworkPolicies let through. ``FakeCluster`` starts both in a child process and writes a
 kubeconfig for them; the in-process ``Store``/``FakeApiServer`` serve unit tests.
 """
 

@@ -95,7 +95,7 @@ class Kubelet:
         for init in spec.get("initContainers") or []:
             if not self._run_init(ns, name, init, volumes, home):
                 return
-        self._start_main(ns, name, pod["metadata"]["uid"], spec["containers"][0], volumes, home,
+        self._start_main(ns, name, pod["metadata"], spec["containers"][0], volumes, home,
                          spec.get("hostname") or name)
 
     def _pulled(self, ns: str, name: str, container: dict, init: bool) -> bool:
@@ -135,7 +135,8 @@ class Kubelet:
         self._container_status(ns, name, init["name"], True, state)
         return done.returncode == 0
 
-    def _start_main(self, ns: str, name: str, uid: str, main: dict, volumes: dict, home: Path, hostname: str) -> None:
+    def _start_main(self, ns: str, name: str, meta: dict, main: dict, volumes: dict, home: Path,
+                    hostname: str) -> None:
         if not self._pulled(ns, name, main, False):
             return
         port = free_port()
@@ -144,32 +145,43 @@ class Kubelet:
         if env is None:
             return
         env["ORCHARD_AGENT_PORT"] = str(port)
-        rules = network.egress_rules(self._policies(ns), self.store.get("pods", ns, name)["metadata"]["labels"])
-        private = not network.is_open(rules)
-        info_read, info_write = os.pipe() if private else (None, None)
-        argv = self._bwrap(main, volumes, hostname, info_fd=info_write)
-        log = open(home / "sandbox.log", "wb")
-        with self.lock:
-            if uid in self.deleting:
-                for fd in (info_read, info_write) if private else ():
-                    os.close(fd)
-                return
-            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    start_new_session=True, pass_fds=(info_write,) if private else ())
-            self.procs[uid] = proc
-        if private:
-            os.close(info_write)
-            self._join_network(uid, info_read, port, network.loopback_allowances(rules))
+        uid = meta["uid"]
+        proc = self._spawn(ns, uid, meta.get("labels") or {}, self._bwrap(main, volumes, hostname), env, home, port)
+        if proc is None:
+            return
         if self._answers(port, proc, self.networks.get(uid)):
             self._status(ns, name, phase="Running", ip="127.0.0.1", ready=True,
                          container=(main["name"], {"running": {"startedAt": now()}}))
         proc.wait()
-        log.close()
         if uid not in self.deleting:
             code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
             state = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}}
+            if code and main.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+                state["terminated"]["message"] = _log_tail(home / "sandbox.log")
             self._status(ns, name, phase="Succeeded" if code == 0 else "Failed", ready=False,
                          container=(main["name"], state))
+
+    def _spawn(self, ns: str, uid: str, labels: dict, argv: list[str], env: dict, home: Path,
+               port: int) -> Optional[subprocess.Popen]:
+        """The sandbox container's process (None: the pod is being deleted); a pod that no open egress policy
+        selects runs in a network namespace of its own (bwrap tells its pid there through a pipe)."""
+        rules = network.egress_rules(self._policies(ns), labels)
+        info_read, info_write = (None, None) if network.is_open(rules) else os.pipe()
+        if info_write is not None:
+            argv = [argv[0], "--unshare-net", "--info-fd", str(info_write), *argv[1:]]
+        with open(home / "sandbox.log", "wb") as log, self.lock:
+            proc = None
+            if uid not in self.deleting:
+                proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                        start_new_session=True, pass_fds=() if info_write is None else (info_write,))
+                self.procs[uid] = proc
+        if info_write is not None:
+            os.close(info_write)
+            if proc is None:
+                os.close(info_read)
+            else:
+                self._join_network(uid, info_read, port, network.loopback_allowances(rules))
+        return proc
 
     def _policies(self, ns: str) -> list[dict]:
         """The namespace's NetworkPolicies (read directly: the kubelet's reads are not API calls of the backend)."""
@@ -204,15 +216,12 @@ class Kubelet:
         return False
 
     def _bwrap(self, container: dict, volumes: dict, hostname: str,
-               image_home: Optional[Path] = None, info_fd: Optional[int] = None) -> list[str]:
-        """The container's bwrap command; with ``info_fd``, in a network namespace of its own (bwrap says its pid there)."""
+               image_home: Optional[Path] = None) -> list[str]:
         argv = [BWRAP, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", hostname,
                 "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc",
                 "--ro-bind", "/dev/null", "/etc/shadow", "--ro-bind", "/dev/null", "/etc/gshadow",
                 "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp", "--dir", "/root",
                 "--dir", "/run", "--chdir", container.get("workingDir") or "/"]
-        if info_fd is not None:
-            argv += ["--unshare-net", "--info-fd", str(info_fd)]
         for link in ("bin", "lib", "lib64", "sbin"):
             argv += ["--symlink", f"usr/{link}", f"/{link}"]
         if image_home is not None:
@@ -286,6 +295,14 @@ class Kubelet:
         for proc in procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _log_tail(path: Path) -> str:
+    """What a kubelet reports of a failed container's log under FallbackToLogsOnError (its last 2 KiB here)."""
+    try:
+        return path.read_bytes()[-2048:].decode(errors="replace").strip()
+    except OSError:
+        return ""
 
 
 def _container(name: str, image: str, state: dict) -> dict:

@@ -135,6 +135,8 @@ def _relay(client: socket.socket, connect: Callable[[], socket.socket]) -> None:
     if upstream is None:
         client.close()
         return
+    for sock in (client, upstream):        # no Nagle: a relayed reply must not wait for a delayed ACK
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
     back.start()
     _pipe(client, upstream)

@@ -73,6 +73,7 @@ class Relay:
         if upstream is None:
             client.close()
             return
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)     # no Nagle: replies must not wait for ACKs
         back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
         back.start()
         _pipe(client, upstream)

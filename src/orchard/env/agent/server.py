@@ -3,7 +3,8 @@
 Started as the sandbox container's main process (``python -I -c <boot_code('server')>``). The token
 comes from a file the init container wrote into an in-memory volume; the agent reads it, deletes it
 and makes itself non-dumpable, so the sandbox's own processes (which run without capabilities) can
-read the token neither from the file, nor from the agent's environment or memory.
+read the token neither from the file, nor from the agent's environment or memory. When the pod names
+a model endpoint (``RELAY_ENV``), the agent starts its relay (relay.py) before it serves.
 """
 
 from __future__ import annotations

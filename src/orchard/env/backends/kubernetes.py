@@ -169,6 +169,9 @@ class KubernetesBackend:
             raise
 
     def _image(self, spec: SandboxSpec) -> str:
+        if spec.model_endpoint is not None and spec.model_endpoint[0] == self.settings.kube_agent_port:
+            raise errors.SandboxFailedError(f"model_endpoint port {spec.model_endpoint[0]} is the in-pod agent's "
+                                            "port (ORCHARD_KUBE_AGENT_PORT): choose another")
         if spec.image.startswith("@"):
             raise errors.SandboxFailedError("Snapshots are not available on the Kubernetes backend")
         return self.settings.kube_host_image if spec.image == "host" else spec.image

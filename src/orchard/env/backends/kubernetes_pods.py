@@ -134,6 +134,7 @@ def _sandbox_container(settings: Settings, spec: SandboxSpec, image: str, model_
                              {"name": TOKEN_VOLUME, "mountPath": agent.TOKEN_DIR}],
             "readinessProbe": {"httpGet": {"path": agent.HEALTH, "port": AGENT_PORT_NAME},
                                "periodSeconds": 1, "failureThreshold": 3},
+            "terminationMessagePolicy": "FallbackToLogsOnError",     # why the agent stopped, in the pod status
             "securityContext": dict(SECURITY), "resources": resources(spec)}
 
 

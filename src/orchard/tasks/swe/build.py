@@ -157,9 +157,10 @@ def screen_one(sandbox: Any, recipe: ImageRecipe, m: Mutation, clean: set[str], 
 
 
 def screen_package(client: Any, recipe: ImageRecipe, cands: list[Mutation], cfg: BuildConfig,
-                   log: Any = print) -> list[Screened]:
-    """Run the suite per candidate in one sandbox until enough are kept."""
+                   log: Any = print) -> tuple[list[Screened], int]:
+    """Run the suite per candidate in one sandbox until enough are kept; (kept, candidates tried)."""
     kept: list[Screened] = []
+    n = 0
     seen_sets: dict[tuple[str, ...], int] = {}
     with grading.create_task_sandbox(client, _probe_task(recipe)) as sandbox:
         sandbox.upload_content(PLUGIN_SOURCE, f"{REPORT_DIR}/{REPORT_PLUGIN}.py")
@@ -180,7 +181,7 @@ def screen_package(client: Any, recipe: ImageRecipe, cands: list[Mutation], cfg:
             kept.append(found)
             if len(kept) >= cfg.per_package:
                 break
-    return kept
+    return kept, n
 
 
 def _probe_task(recipe: ImageRecipe) -> SWETask:
@@ -243,12 +244,12 @@ def build_package(client: Any, recipe: ImageRecipe, cfg: BuildConfig,
         root = unpack(recipe, Path(tmp))
         files = mutable_files(root, recipe)
         cands = candidates(root, files, cfg.seed)
-        screened = screen_package(client, recipe, cands, cfg, log)
+        screened, tried = screen_package(client, recipe, cands, cfg, log)
         split = "test" if recipe.package in cfg.test_packages else "train"
         public = public_names(root, files)
         tasks = [make_task(recipe, s, n, split, root, public, cfg.pass_to_pass_cap, cfg.seed)
                  for n, s in enumerate(screened)]
-    stats = {"candidates": len(cands), "screened": min(len(cands), cfg.screen_limit), "kept": len(tasks),
+    stats = {"candidates": len(cands), "screened": tried, "kept": len(tasks),
              "screen_seconds": round(time.monotonic() - started, 1), "split": split}
     log(f"{recipe.package}: {stats}")
     return tasks, stats
