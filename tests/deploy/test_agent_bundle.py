@@ -74,7 +74,7 @@ def test_the_bundled_interpreter_needs_nothing_from_the_image(image):
     assert result.stdout.strip() == str(Path(agent.PYTHON).parent.parent)
 
 
-def test_the_image_alone_does_not_run_without_the_bundle(image, tmp_path):
+def test_the_image_alone_does_not_run_without_the_bundle(image):
     """The empty root really is empty: a host program cannot start in it."""
     result = subprocess.run(bwrap([(image, agent.HOME, True)], [shutil.which("true") or "/bin/true"], {}),
                             capture_output=True, text=True, timeout=60)

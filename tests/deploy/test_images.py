@@ -169,7 +169,7 @@ def chart_container(port: int, redis_port: int) -> tuple[dict[str, str], list[st
               "REDIS_PASSWORD": PASSWORD}
     deployment = one(render({"apiKeys": {"keys": [KEY]}, "redis": {"password": PASSWORD}}), "Deployment")
     env = {name: entry.get("value", filled.get(name)) for name, entry in container_env(deployment).items()}
-    assert env["ORCHARD_REDIS_URL"].startswith(f"redis://:$(REDIS_PASSWORD)@")
+    assert env["ORCHARD_REDIS_URL"].startswith("redis://:$(REDIS_PASSWORD)@")
     env.update(ORCHARD_REDIS_URL=f"redis://:{PASSWORD}@127.0.0.1:{redis_port}/0", ORCHARD_PORT=str(port),
                ORCHARD_KUBE_CONFIG="/etc/orchard/kubeconfig")
     return env, deployment["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -90,3 +90,14 @@ def test_sdk_raises_typed_errors(proxy):
 
 def test_models_list_for_anthropic_sdk(proxy):
     assert "fake-model" in [m.id for m in sdk(proxy, proxy.open()).models.list()]
+
+
+def test_stop_sequence_is_reported(proxy, upstream):
+    upstream.policy = lambda m, t: {"content": "one two", "stop_reason": "THREE"}
+    client = sdk(proxy, proxy.open())
+    reply = client.messages.create(model="m", max_tokens=20, stop_sequences=["THREE"], messages=[{"role": "user", "content": "count"}])
+    assert (reply.stop_reason, reply.stop_sequence) == ("stop_sequence", "THREE")
+    assert upstream.requests[-1]["stop"] == ["THREE"]
+    with client.messages.stream(model="m", max_tokens=20, stop_sequences=["THREE"], messages=[{"role": "user", "content": "x"}]) as stream:
+        final = stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", "THREE")

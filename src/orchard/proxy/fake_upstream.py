@@ -8,7 +8,8 @@ from typing import Any, Callable, Optional
 
 Policy = Callable[[list[dict[str, Any]], Optional[list[dict[str, Any]]]], dict[str, Any]]
 """Maps (messages, tools) to a reply: ``{"content": str | None, "tool_calls": [{"name", "arguments": dict}]}``;
-optional keys ``finish_reason``, ``delay`` (seconds to wait first) and ``status`` (answer with that HTTP error)."""
+optional keys ``finish_reason``, ``stop_reason`` (the stop string that matched), ``delay`` (seconds to wait first)
+and ``status`` (answer with that HTTP error)."""
 
 END = "<|im_end|>"
 
@@ -97,6 +98,7 @@ class FakeUpstream:
         prompt = tokens(render_prompt(request["messages"], request.get("tools")))
         sampled = tokens(render_completion(decision.get("content") or "", calls))
         choice: dict[str, Any] = {"index": 0, "finish_reason": decision.get("finish_reason") or ("tool_calls" if calls else "stop"),
+                                  "stop_reason": decision.get("stop_reason"),
                                   "message": {"role": "assistant", "content": decision.get("content"), "tool_calls": calls or None}}
         reply: dict[str, Any] = {"id": "chatcmpl-fake", "object": "chat.completion", "created": 0, "model": request.get("model") or self.model,
                                  "choices": [choice], "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(sampled),

@@ -105,7 +105,8 @@ def parse_reply(reply: dict[str, Any], model_name: str, text_only: bool) -> Upst
     message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
     completion = Completion(model=model_name, content=message.get("content") or None,
                             tool_calls=_tool_calls(message.get("tool_calls")), finish_reason=_finish(choice),
-                            prompt_tokens=0, completion_tokens=0)
+                            prompt_tokens=0, completion_tokens=0,
+                            stop_sequence=choice.get("stop_reason") if isinstance(choice.get("stop_reason"), str) else None)
     result = UpstreamResult(reply=reply, completion=completion)
     try:
         _take_tokens(result, reply, choice)

@@ -31,6 +31,7 @@ def test_model_endpoint_reaches_its_target_and_nothing_else(client, model_server
 def test_two_sandboxes_use_the_same_port(client, model_server):
     """Each pod has its own loopback: the same model_endpoint port in two sandboxes at once."""
     endpoint = {"port": 8000, "target": f"127.0.0.1:{model_server}"}
-    with client.create_sandbox(IMAGE, model_endpoint=endpoint) as a, client.create_sandbox(IMAGE, model_endpoint=endpoint) as b:
+    with client.create_sandbox(IMAGE, model_endpoint=endpoint) as a, \
+            client.create_sandbox(IMAGE, model_endpoint=endpoint) as b:
         for sb in (a, b):
             assert sb.exec(["python3", "-c", FETCH]).stdout.strip() == "model-endpoint-ok"

@@ -38,7 +38,8 @@ def egress_rules(policies: list[dict], labels: dict) -> list[dict]:
 
 def is_open(rules: list[dict]) -> bool:
     """Does a rule let the pod out anywhere (the host network stands in for that)?"""
-    return any((peer.get("ipBlock") or {}).get("cidr") == "0.0.0.0/0" for rule in rules for peer in rule.get("to") or [])
+    peers = [peer for rule in rules for peer in rule.get("to") or []]
+    return any((peer.get("ipBlock") or {}).get("cidr") == "0.0.0.0/0" for peer in peers)
 
 
 def loopback_allowances(rules: list[dict]) -> list[tuple[str, int]]:

@@ -149,16 +149,22 @@ def _blocks(done: Completion) -> list[dict[str, Any]]:
     return blocks
 
 
+def _stop_reason(done: Completion) -> str:
+    if done.finish_reason == "stop" and done.stop_sequence:
+        return "stop_sequence"
+    return STOP_REASONS.get(done.finish_reason, "end_turn")
+
+
 def _message(done: Completion, content: list[dict[str, Any]], stop_reason: str | None, output_tokens: int) -> dict[str, Any]:
     return {"id": new_id("msg_"), "type": "message", "role": "assistant", "model": done.model, "content": content,
-            "stop_reason": stop_reason, "stop_sequence": None,
+            "stop_reason": stop_reason, "stop_sequence": done.stop_sequence if stop_reason == "stop_sequence" else None,
             "usage": {"input_tokens": done.prompt_tokens, "output_tokens": output_tokens,
                       "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}
 
 
 def render_reply(done: Completion, call: ChatCall) -> dict[str, Any]:
     """A ``message`` object with text and tool_use blocks."""
-    return _message(done, _blocks(done), STOP_REASONS.get(done.finish_reason, "end_turn"), done.completion_tokens)
+    return _message(done, _blocks(done), _stop_reason(done), done.completion_tokens)
 
 
 def render_stream(done: Completion, call: ChatCall) -> bytes:
@@ -173,7 +179,9 @@ def render_stream(done: Completion, call: ChatCall) -> bytes:
         events += [{"type": "content_block_start", "index": index, "content_block": start},
                    {"type": "content_block_delta", "index": index, "delta": delta},
                    {"type": "content_block_stop", "index": index}]
-    events += [{"type": "message_delta", "delta": {"stop_reason": STOP_REASONS.get(done.finish_reason, "end_turn"), "stop_sequence": None},
+    stop_reason = _stop_reason(done)
+    stop_sequence = done.stop_sequence if stop_reason == "stop_sequence" else None
+    events += [{"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
                 "usage": {"output_tokens": done.completion_tokens}},
                {"type": "message_stop"}]
     return b"".join(sse(event, event["type"]) for event in events)

@@ -73,6 +73,8 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     created: int = field(default_factory=lambda: int(time.time()))
+    stop_sequence: Optional[str] = None
+    """The stop string that ended sampling, when the engine says (vLLM's ``stop_reason``)."""
 
 
 def new_id(prefix: str) -> str:
