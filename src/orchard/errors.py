@@ -22,7 +22,8 @@
     ├── GraderError             a grader could not reach a verdict (infrastructure, never a model failure)
     ├── OverloadedError         transient overload, safe to retry (503, Retry-After)
     │   └── StoreUnavailableError   the shared state store (Redis) cannot be reached
-    └── ServerError             anything else the server reports (5xx)
+    ├── ServerError             anything else the server reports (5xx)
+    └── ServiceUnreachableError the SDK got no reply from the service after its retries (a ConnectionError)
 
 Errors cross HTTP as ``{"detail": str, "error": ClassName}`` and the SDK re-raises
 the same class. ``SandboxTimeoutError`` is also a ``TimeoutError``.
@@ -144,6 +145,12 @@ class StoreUnavailableError(OverloadedError):
 
 class ServerError(OrchardError):
     status_code = 500
+
+
+class ServiceUnreachableError(OrchardError, ConnectionError):
+    """The SDK got no reply from the service (refused, reset, timed out) after its retries; ``__cause__`` is the transport error."""
+
+    status_code = 503
 
 
 _BY_NAME = {cls.__name__: cls for cls in (

@@ -6,6 +6,7 @@ import httpx
 import pytest
 
 from orchard import errors
+from orchard.errors import ServiceUnreachableError
 from orchard.client.base import HttpReply, HttpRequest, RetryPolicy, parse_retry_after
 
 from .conftest import job, reply, sandbox_info
@@ -45,9 +46,18 @@ def test_connection_errors_are_retried(client, server):
 
 def test_read_timeout_on_create_is_not_retried(client, server):
     server.on("POST", "/sandboxes", httpx.ReadTimeout("slow"))
-    with pytest.raises(httpx.ReadTimeout):
+    with pytest.raises(ServiceUnreachableError) as caught:
         client.create_sandbox("img")
+    assert isinstance(caught.value.__cause__, httpx.ReadTimeout)
     assert len(server.requests) == 1
+
+
+def test_a_service_that_stays_unreachable_raises_a_typed_error(client, server):
+    server.on("GET", "/health", *[httpx.ConnectError("refused")] * 3)
+    with pytest.raises(ServiceUnreachableError, match="GET /health") as caught:
+        client.health()
+    assert isinstance(caught.value, ConnectionError) and isinstance(caught.value.__cause__, httpx.ConnectError)
+    assert len(server.requests) == 3
 
 
 def test_read_timeout_on_get_is_retried(client, server):

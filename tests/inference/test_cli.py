@@ -56,3 +56,14 @@ def test_scripted_serve_needs_one_source():
     result = subprocess.run([sys.executable, "-m", "orchard.cli", "model", "serve", "--scripted"],
                             capture_output=True, text=True)
     assert result.returncode != 0 and "exactly one of --script FILE or --policy" in result.stderr
+
+
+def test_bench_prints_tokens_per_second():
+    result = subprocess.run([sys.executable, "-m", "orchard.cli", "model", "bench", "--batch", "1", "2",
+                             "--max-tokens", "2", "--repeats", "1", "--threads", "1", "--json"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert [r["batch"] for r in report["results"]] == [1, 2]
+    assert all(r["tokens"] == 2 * r["batch"] and r["tokens_per_s"] > 0 and r["peak_batch"] == r["batch"]
+               for r in report["results"])

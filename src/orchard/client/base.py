@@ -310,7 +310,8 @@ class ClientCore:
             except httpx.TransportError as exc:
                 delay = self._retry.after_error(exc, request, attempt)
                 if delay is None:
-                    raise
+                    raise errors.ServiceUnreachableError(
+                        f"{request.method} {request.path}: no reply from the service ({type(exc).__name__}: {exc})") from exc
             else:
                 delay = self._retry.after_reply(reply, request, attempt)
                 if delay is None:

@@ -92,7 +92,7 @@ def emergency_delete(core: ClientCore, http: httpx.Client) -> None:
     for sandbox_id in core.tracked():
         try:
             drive(core.delete_flow(sandbox_id, attempts=1), http, EMERGENCY_TIMEOUT)
-        except httpx.TransportError as exc:
+        except errors.ServiceUnreachableError as exc:
             log.warning("orchard: service unreachable, sandboxes left behind: %s", exc)
             return
         except errors.OrchardError as exc:

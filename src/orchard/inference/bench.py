@@ -97,7 +97,7 @@ def main(args: argparse.Namespace) -> int:
 
     set_threads(args.threads)
     started = time.perf_counter()
-    engine = LocalEngine.load(args.model, device=args.device, max_batch=max(args.batch), batch_wait_s=0.05)
+    engine = LocalEngine.load(args.model, device=args.device, max_batch=max(args.batch), batch_wait_s=0.2)
     report: dict[str, Any] = {"model": args.model, "device": engine.device, "max_tokens": args.max_tokens,
                               "cpu_count": os.cpu_count(), "threads": _threads(), "load_s": round(time.perf_counter() - started, 2),
                               "loadavg_before": os.getloadavg()[0], "results": []}

@@ -11,7 +11,7 @@ from typing import Optional
 
 import httpx
 
-from orchard.env.runner import ServiceProcess, free_port
+from orchard.env.runner import free_port
 from orchard.errors import OrchardError
 
 
@@ -79,7 +79,6 @@ class Stack:
         self.oracle_env = {"ORCHARD_ORACLE_ERROR_RATE": str(oracle_error_rate), "ORCHARD_ORACLE_SEED": str(oracle_seed)}
         self.env_url, self.tools_dir = env_url, tools_dir
         self.procs: list[Proc] = []
-        self.service: Optional[ServiceProcess] = None
         self.model_url, self.proxy_url = "", proxy_url or ""
 
     def __enter__(self) -> "Stack":
@@ -119,14 +118,26 @@ class Stack:
         raise OrchardError(f"--model must be a URL, 'oracle' or 'local', not {self.model!r}")
 
     def _service(self, proxy_port: int) -> str:
+        """Orchard Env with its state in the run directory: a resumed run's service adopts and reaps what a crash left."""
         env = {"ORCHARD_FORWARD_ALLOWLIST": f"127.0.0.1:{proxy_port}"}
         if self.tools_dir:
             env["ORCHARD_TOOLS_DIR"] = str(self.tools_dir)
-        self.service = ServiceProcess(env=env, args=["--no-auth"]).start(60)
-        return self.service.url
+        port = free_port()
+        argv = ["env", "serve", "--no-auth", "--port", str(port), "--state-dir", str(self.work_dir / "env-state"),
+                "--log-level", "warning"]
+        url = self._start(Proc("env", argv, port, self.work_dir, env), 60)
+        _reap_leftovers(url)
+        return url
 
     def __exit__(self, *exc: object) -> None:
         for proc in reversed(self.procs):
             proc.stop()
-        if self.service is not None:
-            self.service.__exit__()
+
+
+def _reap_leftovers(url: str) -> None:
+    """Delete the sandboxes a killed run left in this run's own service (it adopted them on start)."""
+    from orchard.client.sync import SandboxClient
+
+    with SandboxClient(base_url=url, auto_cleanup=False) as client:
+        for info in client.list_sandboxes():
+            client.delete_sandbox(info.sandbox_id)

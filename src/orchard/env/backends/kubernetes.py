@@ -9,6 +9,10 @@ default-deny-egress and agent-ingress policies are created at start when missing
 Everything else goes straight to the agent over the pod IP with the sandbox's token
 (kubernetes_agent_client). The pod spec is in kubernetes_pods.
 
+Several replicas share one store: a replica asked about a sandbox another one created attaches to it on
+first use (the pod from its own watch, the token from the sandbox's Secret: one read per sandbox and
+replica, shared by concurrent first uses) and forgets the handle when its watch reports the pod gone.
+
 This backend has been run only against the fake API server of tests/env/kube_fake, never a real cluster.
 """
 
@@ -41,6 +45,7 @@ from orchard.env.settings import Settings
 
 log = logging.getLogger("orchard.env")
 DEFAULT_WORKDIR = "/workspace"
+ATTACH_WAIT = 10.0      # seconds a replica waits for its own watch to see another replica's sandbox serve
 API_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError)
 
 
@@ -70,6 +75,7 @@ class KubernetesBackend:
         self._api: Optional[kube.ApiClient] = None
         self._boxes: dict[str, Box] = {}
         self._deleting: set[str] = set()
+        self._attaching: dict[str, asyncio.Task] = {}
         self._on_exit: Optional[ExitCallback] = None
         self._tasks: set[asyncio.Task] = set()
         self._capacity = (parse_cpu(settings.default_cpu) * settings.max_sandboxes,
@@ -163,7 +169,7 @@ class KubernetesBackend:
             if state is None or state.failure:
                 why = state.failure if state else "the pod was deleted while starting"
                 raise errors.SandboxFailedError(self._failed(spec.image, why))
-            self._boxes[spec.sandbox_id] = await self._box(spec.sandbox_id, state, token, spec)
+            self._boxes[spec.sandbox_id] = await self._box(spec.sandbox_id, state, token, *_kinds(spec))
         except BaseException:
             await asyncio.shield(self.delete(spec.sandbox_id))
             raise
@@ -212,21 +218,23 @@ class KubernetesBackend:
 
         return await self.informer.wait(sandbox_id, settled)
 
-    async def _box(self, sandbox_id: str, state: PodState, token: str, spec: SandboxSpec) -> Box:
+    async def _box(self, sandbox_id: str, state: PodState, token: str, networked: bool, model: bool) -> Box:
         target = Agent(sandbox_id, state.ip, state.port, token)
         try:
             info = await self.agents.info(target)
         except errors.OrchardError as e:
             raise errors.SandboxFailedError(f"The sandbox's agent does not answer: {e.detail}") from e
         return Box(target, info.get("workdir") or DEFAULT_WORKDIR, bool(info.get("has_bash", True)),
-                   networked=not spec.block_network, model=spec.model_endpoint is not None)
+                   networked=networked, model=model)
 
     def _pod_changed(self, old: Optional[PodState], new: PodState) -> None:
-        """A ready sandbox whose pod failed or vanished is reported to the service, once."""
+        """A ready sandbox whose pod failed or vanished is forgotten and reported to the service, once per replica."""
         sid = new.sandbox_id
-        if sid in self._deleting or sid not in self._boxes or not (new.deleted or new.failure):
+        if not (new.deleted or new.failure):
             return
-        self._boxes.pop(sid, None)
+        box = self._boxes.pop(sid, None)
+        if sid in self._deleting or box is None:
+            return
         if self._on_exit is not None:
             task = asyncio.get_running_loop().create_task(
                 self._on_exit(sid, new.failure or "The sandbox's pod was deleted"))
@@ -239,11 +247,56 @@ class KubernetesBackend:
             return False
         try:
             token = await self._blocking(self._read_token, spec.sandbox_id)
-            self._boxes[spec.sandbox_id] = await self._box(spec.sandbox_id, state, token, spec)
+            self._boxes[spec.sandbox_id] = await self._box(spec.sandbox_id, state, token, *_kinds(spec))
         except (errors.OrchardError, *API_ERRORS) as e:
             log.warning("adopting %s failed: %s", spec.sandbox_id, _why(e))
             return False
         return True
+
+    async def _ready(self, sandbox_id: str) -> Box:
+        """This replica's handle of a serving sandbox; one another replica created is attached on first use."""
+        box = self._boxes.get(sandbox_id)
+        if box is not None:
+            return box
+        task = self._attaching.get(sandbox_id)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._attach(sandbox_id))
+            self._attaching[sandbox_id] = task
+            task.add_done_callback(lambda _: self._attaching.pop(sandbox_id, None))
+        return await asyncio.shield(task)        # a caller that gives up leaves the lookup to the others
+
+    async def _attach(self, sandbox_id: str) -> Box:
+        """Handle of a sandbox this replica did not create: its pod as the watch shows it, its token Secret."""
+        state = await self._serving(sandbox_id)
+        try:
+            token = await self._blocking(self._read_token, sandbox_id)
+        except ApiException as e:
+            if e.status == 404:
+                raise errors.SandboxNotFoundError(f"Sandbox {sandbox_id} has no token Secret in the cluster") from e
+            raise errors.BackendError(f"Reading the token of sandbox {sandbox_id} failed: {_why(e)}") from e
+        except (KeyError, ValueError, *API_ERRORS) as e:
+            raise errors.BackendError(f"Reading the token of sandbox {sandbox_id} failed: {_why(e)}") from e
+        box = await self._box(sandbox_id, state, token, networked=True, model=True)   # kinds unknown: delete tries all
+        now = self.informer.states.get(sandbox_id)
+        if sandbox_id in self._deleting or now is None or not now.serving:
+            raise errors.SandboxNotFoundError(f"Sandbox {sandbox_id} is not running in the cluster")
+        return self._boxes.setdefault(sandbox_id, box)
+
+    async def _serving(self, sandbox_id: str) -> PodState:
+        """The pod's state once this replica's watch shows it serving (it may lag the replica that created it)."""
+        def settled(state: Optional[PodState]) -> bool:
+            return state is not None and (state.serving or state.failure is not None or state.deleted)
+
+        not_running = errors.SandboxNotFoundError(f"Sandbox {sandbox_id} is not running in the cluster")
+        if self.informer is None or sandbox_id in self._deleting:
+            raise not_running
+        try:
+            state = await self.informer.wait(sandbox_id, settled, timeout=ATTACH_WAIT)
+        except asyncio.TimeoutError:
+            raise not_running from None
+        if not state.serving:
+            raise not_running
+        return state
 
     def _read_token(self, sandbox_id: str) -> str:
         secret = self.core.read_namespaced_secret(pods.secret_name(sandbox_id), self.settings.kube_namespace)
@@ -302,12 +355,6 @@ class KubernetesBackend:
         return list(found.values())
 
     # ------------------------------------------------------------ exec, PTY, files
-    def _ready(self, sandbox_id: str) -> Box:
-        box = self._boxes.get(sandbox_id)
-        if box is None:
-            raise errors.SandboxNotFoundError(f"Sandbox {sandbox_id} is not running in the cluster")
-        return box
-
     @staticmethod
     def _argv(box: Box, argv: list[str]) -> list[str]:
         if argv and argv[0] == "bash" and not box.has_bash:
@@ -325,25 +372,25 @@ class KubernetesBackend:
             raise
 
     async def exec(self, sandbox_id: str, spec: ExecSpec) -> ExecOutcome:
-        box = self._ready(sandbox_id)
+        box = await self._ready(sandbox_id)
         argv = self._argv(box, spec.argv)
         return await self._agent(sandbox_id, self.agents.exec(box.agent, replace(spec, argv=argv),
                                                               spec.cwd or box.workdir, spec.env))
 
     async def open_pty(self, sandbox_id: str, argv: list[str], cwd: Optional[str], env: dict[str, str],
                        rows: int, cols: int) -> PtyProcess:
-        box = self._ready(sandbox_id)
+        box = await self._ready(sandbox_id)
         return await self._agent(sandbox_id, self.agents.open_pty(box.agent, self._argv(box, argv),
                                                                   cwd or box.workdir, env, rows, cols))
 
     async def read_file(self, sandbox_id: str, path: str, limit: int) -> bytes:
-        return await self._agent(sandbox_id, self.agents.read_file(self._ready(sandbox_id).agent, path, limit))
+        return await self._agent(sandbox_id, self.agents.read_file((await self._ready(sandbox_id)).agent, path, limit))
 
     async def write_file(self, sandbox_id: str, path: str, data: bytes, mode: Optional[int]) -> None:
-        await self._agent(sandbox_id, self.agents.write_file(self._ready(sandbox_id).agent, path, data, mode))
+        await self._agent(sandbox_id, self.agents.write_file((await self._ready(sandbox_id)).agent, path, data, mode))
 
     async def list_dir(self, sandbox_id: str, path: str) -> list[FileEntry]:
-        return await self._agent(sandbox_id, self.agents.list_dir(self._ready(sandbox_id).agent, path))
+        return await self._agent(sandbox_id, self.agents.list_dir((await self._ready(sandbox_id)).agent, path))
 
     async def snapshot(self, sandbox_id: str, image: str) -> int:
         raise errors.BackendError("Snapshots are not available on the Kubernetes backend: the Kubernetes API "
@@ -372,6 +419,11 @@ def _create_quietly(call, namespace: str, body: dict) -> None:
     except ApiException as e:
         if e.status != 409:
             raise
+
+
+def _kinds(spec: SandboxSpec) -> tuple[bool, bool]:
+    """Which policies of its own a sandbox has: (egress, model endpoint)."""
+    return not spec.block_network, spec.model_endpoint is not None
 
 
 def _resolve(endpoint: tuple[int, str, int]) -> list[str]:
