@@ -113,6 +113,12 @@ class Store:
             obj = self.objects.get((kind, ns, name))
             return copy.deepcopy(obj) if obj else None
 
+    def read(self, kind: str, ns: str, name: str) -> Optional[dict]:
+        """A client's GET of one object (counted in calls; the kubelet's own reads use get)."""
+        with self.lock:
+            self.calls.append(("get", kind, name))
+            return self.get(kind, ns, name)
+
     def list(self, kind: str, ns: str, selector: str) -> dict:
         with self.lock:
             self.calls.append(("list", kind, ""))
@@ -253,7 +259,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(404, status_body(404, "NotFound", f"no route {path}"))
         ns, kind, name = route.groups()
         if name:
-            obj = self.server.store.get(kind, ns, name)
+            obj = self.server.store.read(kind, ns, name)
             return self._send(200, obj) if obj else self._send(404, status_body(404, "NotFound", f"{name} not found"))
         if query.get("watch") in ("true", "1"):
             return self._watch(kind, ns, query)

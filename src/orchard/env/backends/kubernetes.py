@@ -45,7 +45,7 @@ from orchard.env.settings import Settings
 
 log = logging.getLogger("orchard.env")
 DEFAULT_WORKDIR = "/workspace"
-ATTACH_WAIT = 10.0      # seconds a replica waits for its own watch to see another replica's sandbox serve
+ATTACH_WAIT = 5.0       # seconds a replica waits for its own watch to see another replica's sandbox serve
 API_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError)
 
 
@@ -262,8 +262,15 @@ class KubernetesBackend:
         if task is None:
             task = asyncio.get_running_loop().create_task(self._attach(sandbox_id))
             self._attaching[sandbox_id] = task
-            task.add_done_callback(lambda _: self._attaching.pop(sandbox_id, None))
+            task.add_done_callback(functools.partial(self._attached, sandbox_id))
         return await asyncio.shield(task)        # a caller that gives up leaves the lookup to the others
+
+    def _attached(self, sandbox_id: str, task: asyncio.Task) -> None:
+        """The lookup ended: the next first use looks again (its error was raised to whoever waited)."""
+        if self._attaching.get(sandbox_id) is task:
+            del self._attaching[sandbox_id]
+        if not task.cancelled():
+            task.exception()
 
     async def _attach(self, sandbox_id: str) -> Box:
         """Handle of a sandbox this replica did not create: its pod as the watch shows it, its token Secret."""
@@ -274,13 +281,21 @@ class KubernetesBackend:
             if e.status == 404:
                 raise errors.SandboxNotFoundError(f"Sandbox {sandbox_id} has no token Secret in the cluster") from e
             raise errors.BackendError(f"Reading the token of sandbox {sandbox_id} failed: {_why(e)}") from e
-        except (KeyError, ValueError, *API_ERRORS) as e:
+        except (KeyError, TypeError, ValueError, *API_ERRORS) as e:
             raise errors.BackendError(f"Reading the token of sandbox {sandbox_id} failed: {_why(e)}") from e
-        box = await self._box(sandbox_id, state, token, networked=True, model=True)   # kinds unknown: delete tries all
-        now = self.informer.states.get(sandbox_id)
-        if sandbox_id in self._deleting or now is None or not now.serving:
+        try:                                     # which policies it has is unknown here: delete tries both
+            box = await self._box(sandbox_id, state, token, networked=True, model=True)
+        except errors.SandboxFailedError as e:
+            if self._still_serving(sandbox_id):
+                raise errors.BackendError(e.detail) from e
+            raise errors.SandboxNotFoundError(f"Sandbox {sandbox_id} is gone: {e.detail}") from e
+        if not self._still_serving(sandbox_id):
             raise errors.SandboxNotFoundError(f"Sandbox {sandbox_id} is not running in the cluster")
         return self._boxes.setdefault(sandbox_id, box)
+
+    def _still_serving(self, sandbox_id: str) -> bool:
+        state = self.informer.states.get(sandbox_id)
+        return sandbox_id not in self._deleting and state is not None and state.serving
 
     async def _serving(self, sandbox_id: str) -> PodState:
         """The pod's state once this replica's watch shows it serving (it may lag the replica that created it)."""
@@ -384,13 +399,16 @@ class KubernetesBackend:
                                                                   cwd or box.workdir, env, rows, cols))
 
     async def read_file(self, sandbox_id: str, path: str, limit: int) -> bytes:
-        return await self._agent(sandbox_id, self.agents.read_file((await self._ready(sandbox_id)).agent, path, limit))
+        box = await self._ready(sandbox_id)
+        return await self._agent(sandbox_id, self.agents.read_file(box.agent, path, limit))
 
     async def write_file(self, sandbox_id: str, path: str, data: bytes, mode: Optional[int]) -> None:
-        await self._agent(sandbox_id, self.agents.write_file((await self._ready(sandbox_id)).agent, path, data, mode))
+        box = await self._ready(sandbox_id)
+        await self._agent(sandbox_id, self.agents.write_file(box.agent, path, data, mode))
 
     async def list_dir(self, sandbox_id: str, path: str) -> list[FileEntry]:
-        return await self._agent(sandbox_id, self.agents.list_dir((await self._ready(sandbox_id)).agent, path))
+        box = await self._ready(sandbox_id)
+        return await self._agent(sandbox_id, self.agents.list_dir(box.agent, path))
 
     async def snapshot(self, sandbox_id: str, image: str) -> int:
         raise errors.BackendError("Snapshots are not available on the Kubernetes backend: the Kubernetes API "
