@@ -114,6 +114,18 @@ def test_bad_policy_reply_is_a_clean_500(tokenizer):
     client = _client(tokenizer, policy=lambda request: {"contents": "typo"})
     response = _ask(client)
     assert response.status_code == 500 and "not a reply" in response.json()["error"]["message"]
+    assert _ask(client, tools=TOOLS).json()["error"]["code"] == "ModelError"
+
+
+def test_a_policy_that_raises_is_a_500_in_openai_shape(tokenizer):
+    def policy(request):
+        raise KeyError("no such task")
+
+    with TestClient(create_app(ScriptedEngine(tokenizer, policy=policy)), raise_server_exceptions=False) as client:
+        response = _ask(client)
+    assert response.status_code == 500
+    assert response.json()["error"] == {"message": "KeyError: 'no such task'", "type": "server_error",
+                                        "param": None, "code": None}
 
 
 @pytest.mark.parametrize("body, where", [

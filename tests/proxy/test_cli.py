@@ -25,9 +25,18 @@ def test_bench_runs_and_prints_its_figures(capsys):
     import json
 
     args = build_parser().parse_args(["proxy", "bench", "--latency-calls", "20", "--sessions", "4",
-                                      "--calls-per-session", "3", "--durability", "flush", "--json"])
+                                      "--calls-per-session", "3", "--durability", "flush", "--upstream-delay-ms", "0", "5",
+                                      "--json"])
     assert args.func(args) == 0
-    figures = json.loads(capsys.readouterr().out)
-    for key in ("added_p50_ms", "proxy_p99_ms", "direct_calls_per_s", "proxy_calls_per_s", "throughput_ratio",
-                "proxy_cpu_ms_per_call"):
-        assert figures[key] > 0 or key == "added_p50_ms"
+    runs = json.loads(capsys.readouterr().out)
+    assert [r["upstream_delay_ms"] for r in runs] == [0.0, 5.0]
+    for figures in runs:
+        for key in ("added_p50_ms", "proxy_p99_ms", "direct_calls_per_s", "proxy_calls_per_s", "throughput_ratio",
+                    "upstream_cpu_ms_per_call", "proxy_to_upstream_cpu"):
+            assert figures[key] > 0 or key == "added_p50_ms"
+        assert 0 < figures["cpu_bound_ratio"] < 1
+
+
+def test_bench_refuses_a_negative_delay():
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["proxy", "bench", "--upstream-delay-ms", "-5"])

@@ -24,3 +24,15 @@ def test_rollout_then_eval_from_the_command_line(tmp_path, monkeypatch, capsys):
     assert main(["eval", str(out)]) == 0
     report = json.loads((out / "eval" / "report.json").read_text())["report"]
     assert report["pass_at_k"] == {"1": 1.0, "2": 1.0} and report["scored"] == 4
+
+
+def test_run_rollouts_against_a_running_proxy(proxy_url, oracle, tmp_path, monkeypatch):
+    from orchard.rollout.engine import EngineConfig
+    from orchard.rollout.run import RolloutConfig, run_rollouts
+
+    monkeypatch.setenv("ORCHARD_TOOLS_DIR", str(tmp_path / "tools"))
+    oracle.error_rate = 0.0
+    run = run_rollouts(RolloutConfig(tasks="echo:2", model="my-teacher", proxy_url=proxy_url,
+                                     engine=EngineConfig(out=tmp_path / "run", progress=False)))
+    assert [(r["model"], r["resolved"]) for r in run.rows] == [("my-teacher", True)] * 2
+    assert not (tmp_path / "run" / "services" / "proxy.log").exists()      # no proxy or model of its own

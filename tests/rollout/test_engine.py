@@ -138,3 +138,21 @@ async def test_shipped_terminal_tasks_solved_by_the_oracle(env_url, proxy_url, o
         oracle.tasks = saved
     assert [(r["resolved"], r["failure_kind"]) for r in run.rows] == [(True, None)] * 3, [r["grade_detail"] for r in run.rows]
     assert len({r["group"] for r in run.rows}) == 3
+
+
+class GraderWithoutImage(SuiteTask):
+    """A tests-scored task whose grading image does not exist (the rollout itself runs on `host`)."""
+
+    async def create(self, client, **kwargs):
+        return await client.create_sandbox("host", **kwargs)
+
+
+async def test_grader_that_cannot_grade_is_an_infra_failure(env_url, proxy_url, solved, tmp_path):
+    from orchard.tasks.model import TestsScoring
+
+    base = echo_tasks(1)[0]
+    task = base.model_copy(update={"image": "/nonexistent/rootfs", "scoring": TestsScoring(command="pytest -q")})
+    run = await run_engine(env_url, proxy_url, tmp_path, [GraderWithoutImage(task)], max_attempts=2)
+    row = run.rows[0]
+    assert row["failure_kind"] == "grader" and "verdict" in row["error"] and row["attempts"] == 2
+    assert row["reward"] is None and row["resolved"] is None

@@ -206,8 +206,9 @@ class Decoder:
         import torch
 
         tokens = [self._advance(row, self._logits[i]) for i, row in enumerate(self.rows)]
-        keep = [i for i, row in enumerate(self.rows) if not row.finish and not row.abandoned()]
-        finished = [row for row in self.rows if row.finish or row.abandoned()]
+        leaving = [bool(row.finish) or row.abandoned() for row in self.rows]
+        keep = [i for i, gone in enumerate(leaving) if not gone]
+        finished = [row for row, gone in zip(self.rows, leaving) if gone]
         if len(keep) < len(self.rows):
             self._select(keep)
         if self.rows:

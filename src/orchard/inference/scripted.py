@@ -110,18 +110,20 @@ class ScriptedEngine:
         return self._from_script(request)
 
     async def _ask_policy(self, request: ChatRequest) -> Reply:
+        answer = self._policy(request)
+        if inspect.isawaitable(answer):
+            answer = await answer
+        if isinstance(answer, Reply):
+            return answer
         try:
-            answer = self._policy(request)
-            if inspect.isawaitable(answer):
-                answer = await answer
-            return answer if isinstance(answer, Reply) else Reply.model_validate(_reply_data(answer))
-        except (ValidationError, TypeError) as e:
+            return Reply.model_validate(_reply_data(answer))
+        except ValidationError as e:
             raise ModelError(f"the policy returned something that is not a reply: {e}") from e
 
     def _from_script(self, request: ChatRequest) -> Reply:
         script = self._script
         key, replies = _session_of(script, request)
-        if self._script.cursor == "turn":
+        if script.cursor == "turn":
             index = sum(1 for m in request.messages if m.role == "assistant")
         else:
             index = self._used.get(key, 0)

@@ -1,4 +1,5 @@
-"""`orchard proxy bench`: the latency the proxy adds and its throughput at many concurrent sessions, against direct calls."""
+"""`orchard proxy bench`: the latency the proxy adds, its throughput at many concurrent sessions against direct calls,
+and the CPU time per call of the proxy and of the upstream (the figure that does not depend on the machine's load)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import httpx
 
@@ -138,52 +139,74 @@ async def _measure(args: argparse.Namespace, upstream: _Server, proxy: _Server) 
             proxy_rates.append(await _throughput(client, proxy.url + path, body, keys, args.calls_per_session))
             proxy_cpu += proxy.cpu_seconds() - cpu
     calls = 2 * args.sessions * args.calls_per_session
-    result |= {"direct_calls_per_s": max(direct_rates), "proxy_calls_per_s": max(proxy_rates),
-               "proxy_cpu_ms_per_call": proxy_cpu * 1000 / calls,
-               "upstream_cpu_ms_per_call": upstream_cpu * 1000 / calls if upstream.pid else None}
+    result |= {"direct_calls_per_s": max(direct_rates), "proxy_calls_per_s": max(proxy_rates)}
     result["throughput_ratio"] = result["proxy_calls_per_s"] / result["direct_calls_per_s"]
-    return result
+    return result | _cpu_figures(proxy_cpu * 1000 / calls, upstream_cpu * 1000 / calls if upstream.pid else None)
+
+
+def _cpu_figures(proxy_ms: float, upstream_ms: Optional[float]) -> dict[str, Any]:
+    """CPU per call, and what it implies whatever the load: ``cpu_bound_ratio`` is the throughput through the proxy
+    relative to direct calls when proxy and upstream share the same busy cores (upstream / (upstream + proxy))."""
+    out: dict[str, Any] = {"proxy_cpu_ms_per_call": proxy_ms, "upstream_cpu_ms_per_call": upstream_ms,
+                           "proxy_to_upstream_cpu": None, "cpu_bound_ratio": None}
+    if upstream_ms:
+        out["proxy_to_upstream_cpu"] = proxy_ms / upstream_ms
+        out["cpu_bound_ratio"] = upstream_ms / (upstream_ms + proxy_ms)
+    return out
 
 
 @contextmanager
-def _upstream(args: argparse.Namespace) -> Iterator[_Server]:
+def _upstream(args: argparse.Namespace, delay_ms: float) -> Iterator[_Server]:
     if args.upstream:
         yield _Server(args.upstream.rstrip("/").removesuffix("/v1"), None)
         return
     port = _free_port()
-    with _process(["upstream", str(port), str(args.upstream_delay_ms)], port) as server:
+    with _process(["upstream", str(port), str(delay_ms)], port) as server:
         yield server
 
 
 def main(args: argparse.Namespace) -> int:
+    """One measurement per upstream delay (the fake's; a given ``--upstream`` is measured once), fresh processes each."""
+    delays = [0.0] if args.upstream else list(dict.fromkeys(args.upstream_delay_ms))
+    results = [_run(args, delay) for delay in delays]
+    print(json.dumps(results, indent=2) if args.json else "\n\n".join(_table(r) for r in results))
+    return 0
+
+
+def _run(args: argparse.Namespace, delay_ms: float) -> dict[str, Any]:
     proxy_port = _free_port()
     with tempfile.TemporaryDirectory(prefix="orchard-proxy-bench-") as store:
-        with _upstream(args) as upstream, _process(["proxy", str(proxy_port), upstream.url, store, args.durability], proxy_port) as proxy:
+        with _upstream(args, delay_ms) as upstream, _process(["proxy", str(proxy_port), upstream.url, store, args.durability], proxy_port) as proxy:
             result = asyncio.run(_measure(args, upstream, proxy))
-    result |= {"dialect": args.dialect, "durability": args.durability, "sessions": args.sessions,
-               "upstream": args.upstream or "fake (in-package, byte tokens)", "upstream_delay_ms": args.upstream_delay_ms,
-               "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]}
-    print(json.dumps(result, indent=2) if args.json else _table(result))
-    return 0
+    return result | {"dialect": args.dialect, "durability": args.durability, "sessions": args.sessions,
+                     "upstream": args.upstream or "fake (in-package, byte tokens)",
+                     "upstream_delay_ms": None if args.upstream else delay_ms,
+                     "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]}
 
 
 def _table(r: dict[str, Any]) -> str:
     return "\n".join([
         f"orchard proxy bench: dialect {r['dialect']}, durability {r['durability']}, upstream {r['upstream']}, "
-        f"delay {r['upstream_delay_ms']:g} ms, "
+        f"delay {_ms(r['upstream_delay_ms'], '{:g}')}, "
         f"{r['cpus']} CPUs, load {r['load_avg_1m']:.1f}",
         f"latency (sequential)   direct p50 {r['direct_p50_ms']:.2f} ms  p99 {r['direct_p99_ms']:.2f} ms",
         f"                       proxy  p50 {r['proxy_p50_ms']:.2f} ms  p99 {r['proxy_p99_ms']:.2f} ms",
         f"                       added  p50 {r['added_p50_ms']:.2f} ms  p99 {r['added_p99_ms']:.2f} ms",
         f"throughput ({r['sessions']} sessions)  direct {r['direct_calls_per_s']:.0f} calls/s  proxy {r['proxy_calls_per_s']:.0f} calls/s"
         f"  ratio {r['throughput_ratio']:.2f}",
-        f"CPU per call           proxy {r['proxy_cpu_ms_per_call']:.2f} ms (one core: {1000 / max(r['proxy_cpu_ms_per_call'], 1e-9):.0f}"
-        f" calls/s), upstream {_ms(r['upstream_cpu_ms_per_call'])}; unlike the rates, these do not depend on the machine's load",
+        f"CPU per call           proxy {r['proxy_cpu_ms_per_call']:.3f} ms (one core: {1000 / max(r['proxy_cpu_ms_per_call'], 1e-9):.0f}"
+        f" calls/s), upstream {_ms(r['upstream_cpu_ms_per_call'], '{:.3f}')}; proxy/upstream {_num(r['proxy_to_upstream_cpu'])}",
+        f"CPU-bound ratio        {_num(r['cpu_bound_ratio'])} (proxy vs direct throughput when both share busy cores:"
+        f" upstream / (upstream + proxy) CPU); unlike the rates, the CPU figures do not depend on the machine's load",
     ])
 
 
-def _ms(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f} ms"
+def _ms(value: float | None, spec: str = "{:.2f}") -> str:
+    return "n/a" if value is None else spec.format(value) + " ms"
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 def _child(argv: list[str]) -> None:

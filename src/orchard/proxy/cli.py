@@ -50,6 +50,16 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _delay_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"a delay must be 0 ms or more, not {text}")
+    return value
+
+
 def _bench(args: argparse.Namespace) -> int:
     from orchard.proxy.bench import main
     return main(args)
@@ -82,12 +92,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("--out", required=True)
     export.set_defaults(func=_export)
 
-    bench = proxy.add_parser("bench", help="latency the proxy adds and throughput at 64 sessions, proxy vs direct")
+    bench = proxy.add_parser("bench", help="latency the proxy adds, throughput at 64 sessions (proxy vs direct), CPU per call")
     bench.add_argument("--latency-calls", type=int, default=400, help="sequential calls per path for p50/p99")
     bench.add_argument("--sessions", type=int, default=64, help="concurrent sessions for throughput")
     bench.add_argument("--calls-per-session", type=int, default=40)
     bench.add_argument("--upstream", help="a running upstream to measure against (default: start the in-package fake)")
-    bench.add_argument("--upstream-delay-ms", type=float, default=0.0, help="service time the fake upstream adds to each call")
+    bench.add_argument("--upstream-delay-ms", type=_delay_ms, nargs="+", default=[0.0, 20.0],
+                       help="service time the fake upstream adds to each call; one measurement per value (default: 0 20)")
     bench.add_argument("--durability", choices=["fsync", "flush"], default="fsync")
     bench.add_argument("--dialect", choices=["openai_chat", "openai_responses", "anthropic_messages"], default="openai_chat")
     bench.add_argument("--json", action="store_true", help="print one JSON object")

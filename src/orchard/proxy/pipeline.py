@@ -13,6 +13,7 @@ from starlette.responses import Response, StreamingResponse
 
 from orchard.errors import (OrchardError, PayloadTooLargeError, RequestError, ServerError, SessionLimitError, UpstreamError,
                             UpstreamNoTokensError)
+from orchard.proxy import fastjson
 from orchard.proxy.dialects.base import ChatCall
 from orchard.proxy.recorder import CALLS, SESSIONS, Recorder
 from orchard.proxy.sessions import Session, Sessions
@@ -60,11 +61,12 @@ class Pipeline:
         raw = await request.body()
         if len(raw) > self.max_body_bytes:
             raise PayloadTooLargeError(f"request body over {self.max_body_bytes} bytes")
-        request.state.raw_body = raw
         try:
-            return json.loads(raw)
+            body, strict = fastjson.parse(raw)
         except ValueError as e:
             raise RequestError(f"the request body is not valid JSON: {e}") from e
+        request.state.raw_body, request.state.strict_json = raw, strict
+        return body
 
     async def handle(self, dialect: ModuleType, request: Request, path_session: Optional[str]) -> Response:
         """Route entry point for every model call of every dialect."""
@@ -78,7 +80,8 @@ class Pipeline:
         except OrchardError as e:
             await self._note_limit(session)
             return error_response(dialect, e)
-        reply = self.forward(dialect, session, request.state.raw_body, call, index, budget, started)
+        reply = self.forward(dialect, session, request.state.raw_body, call, index, budget, started,
+                             request.state.strict_json)
         if not call.stream:
             return await reply
         work = asyncio.ensure_future(reply)
@@ -101,12 +104,14 @@ class Pipeline:
                                                                      reason=session.reason))
 
     async def forward(self, dialect: ModuleType, session: Session, request_bytes: bytes, call: ChatCall, index: int,
-                      budget: Optional[int], started: float) -> Response:
-        """Ask upstream, record the outcome durably, then answer the harness."""
+                      budget: Optional[int], started: float, strict: bool = True) -> Response:
+        """Ask upstream, record the outcome durably, then answer the harness.
+
+        ``strict``: the request was strict JSON, so nothing taken from it is NaN or infinite (see fastjson.dumps)."""
         upstream_body = call.upstream_body(session.options.model or self.model)
         if budget is not None:
             upstream_body["max_tokens"] = min(upstream_body.get("max_tokens") or budget, budget)
-        payload = json.dumps(upstream_body, ensure_ascii=False).encode()
+        payload = fastjson.dumps(upstream_body, strict)
         record = {"session_id": session.id, "index": index, "dialect": dialect.NAME, "text_only": session.options.text_only}
         raw = {"request": request_bytes, "upstream_request": payload}
         try:
@@ -117,7 +122,7 @@ class Pipeline:
             await self._record_success(session, record, raw, result, call, started)
         except OSError as e:  # the reply is withheld: a harness must never get an answer that was not recorded
             return error_response(dialect, ServerError(f"the proxy could not record the call: {e}"))
-        return self.render(dialect, result, call)
+        return self.render(dialect, result, call, strict)
 
     async def _answer_failure(self, dialect: ModuleType, session: Session, record: dict[str, Any], raw: dict[str, bytes],
                               error: OrchardError, started: float) -> Response:
@@ -150,12 +155,11 @@ class Pipeline:
         session.note_call(record, result.completion.prompt_tokens, result.completion.completion_tokens)
 
     @staticmethod
-    def render(dialect: ModuleType, result: UpstreamResult, call: ChatCall) -> Response:
+    def render(dialect: ModuleType, result: UpstreamResult, call: ChatCall, strict: bool = True) -> Response:
         if call.stream:
             return Response(dialect.render_stream(result.completion, call), media_type="text/event-stream",
                             headers=SSE_HEADERS)
-        return Response(json.dumps(dialect.render_reply(result.completion, call), ensure_ascii=False).encode(),
-                        media_type=JSON)
+        return Response(fastjson.dumps(dialect.render_reply(result.completion, call), strict), media_type=JSON)
 
 
 async def _keepalive(dialect: ModuleType, work: "asyncio.Future[Response]", interval: float) -> AsyncIterator[bytes]:

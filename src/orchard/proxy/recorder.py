@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Literal, Optional
 
+from orchard.proxy import fastjson
+
 Durability = Literal["fsync", "flush"]
 CALLS, SESSIONS = "calls.jsonl", "sessions.jsonl"
 Pending = tuple[str, bytes, Optional[str], Optional["asyncio.Future[None]"]]
@@ -49,7 +51,7 @@ class Recorder:
         ``raw`` holds fields already encoded as JSON (request and reply bodies, often megabytes): they are spliced
         into the line as they are instead of being decoded and encoded again.
         """
-        line = encode_line(record, raw)
+        line = encode_line(record, raw, name == CALLS)
         if self.durability == "flush":
             self._write([(name, line, session_id, None)])  # a write to the kernel takes microseconds: no thread hop
             return
@@ -137,9 +139,12 @@ def load_call(record: dict[str, Any]) -> "ModelCall":
     return ModelCall.model_validate(record)
 
 
-def encode_line(record: dict[str, Any], raw: Optional[dict[str, bytes]] = None) -> bytes:
-    """One JSONL line: the record, plus pre-encoded fields spliced in (re-encoded if they span several lines)."""
-    head = json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode()
+def encode_line(record: dict[str, Any], raw: Optional[dict[str, bytes]] = None, name_is_calls: bool = False) -> bytes:
+    """One JSONL line: the record, plus pre-encoded fields spliced in (re-encoded if they span several lines).
+
+    A call record (``name_is_calls``: its floats are timings and logprobs) goes through orjson unless a logprob is
+    not finite; session events (rewards and metadata from the caller, rare) keep the standard library's encoder."""
+    head = fastjson.dumps(record, strict=name_is_calls and fastjson.finite(record.get("logprobs")))
     parts = [head[:-1]]
     for key, value in (raw or {}).items():
         if b"\n" in value or b"\r" in value:  # pretty-printed JSON would break the one-record-a-line format

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from orchard.errors import RequestError, UpstreamError, UpstreamNoTokensError, UpstreamTimeoutError
+from orchard.proxy import fastjson
+from orchard.proxy.http1 import Pool
 from orchard.proxy.dialects.base import Completion, ToolCall, new_id
 
 FINISH_REASONS = {"stop", "length", "tool_calls"}
@@ -29,22 +31,18 @@ class UpstreamResult:
 
 
 class Upstream:
-    """A pooled HTTP client (aiohttp: its pool stays fast at hundreds of concurrent calls) for one OpenAI-compatible
-    server; the proxy's own upstream key is added here and nowhere else. Create it inside the running event loop."""
+    """A pooled keep-alive HTTP/1.1 client (see http1.py) for one OpenAI-compatible server; the proxy's own upstream
+    key is added here and nowhere else. Create it inside the running event loop."""
 
     def __init__(self, base_url: str, api_key: Optional[str] = None, timeout_s: float = 600.0, max_connections: int = 1024):
-        import aiohttp
-
         self.base_url = base_url.rstrip("/")
         if not self.base_url.endswith("/v1"):
             self.base_url += "/v1"
-        headers = {"content-type": "application/json"} | ({"Authorization": f"Bearer {api_key}"} if api_key else {})
-        self.session = aiohttp.ClientSession(
-            headers=headers, connector=aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=60),
-            timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=10), auto_decompress=True)
+        headers = {"content-type": "application/json"} | ({"authorization": f"Bearer {api_key}"} if api_key else {})
+        self.pool = Pool(self.base_url, headers, timeout_s, connect_timeout_s=10, limit=max_connections)
 
     async def aclose(self) -> None:
-        await self.session.close()
+        self.pool.close()
 
     async def complete(self, payload: bytes, model_name: str, text_only: bool) -> UpstreamResult:
         """Send one encoded Chat Completions body; raise UpstreamError (infrastructure) or RequestError (refused)."""
@@ -56,25 +54,21 @@ class Upstream:
 
     async def models(self) -> list[dict[str, Any]]:
         """The upstream's model list, or an empty list when it has none to give."""
-        import aiohttp
-
         try:
-            async with self.session.get(self.base_url + "/models") as response:
-                data = (await response.json(content_type=None)).get("data", []) if response.status == 200 else []
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError):
+            reply = await self.pool.request("GET", "/models")
+            data = fastjson.loads(reply.body).get("data", []) if reply.status == 200 else []
+        except (OSError, asyncio.TimeoutError, ValueError, AttributeError):
             return []
         return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
     async def _post(self, payload: bytes) -> bytes:
-        import aiohttp
-
         try:
-            async with self.session.post(self.base_url + "/chat/completions", data=payload) as response:
-                return _checked_status(response.status, await response.read())
+            reply = await self.pool.request("POST", "/chat/completions", payload)
         except asyncio.TimeoutError as e:
             raise UpstreamTimeoutError("the upstream model server did not answer in time") from e
-        except aiohttp.ClientError as e:
+        except OSError as e:
             raise UpstreamError(f"the upstream model server cannot be reached: {type(e).__name__}: {e}") from e
+        return _checked_status(reply.status, reply.body)
 
 
 def _checked_status(status: int, raw: bytes) -> bytes:
@@ -88,7 +82,7 @@ def _checked_status(status: int, raw: bytes) -> bytes:
 
 def _checked_json(raw: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(raw)
+        body = fastjson.loads(raw)
     except ValueError as e:
         raise UpstreamError("the upstream model server replied with something that is not JSON") from e
     if not isinstance(body, dict):

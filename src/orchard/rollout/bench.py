@@ -22,6 +22,7 @@ def figures(rows: list[dict[str, Any]], stats: dict[str, Any]) -> dict[str, Any]
         "mean_s": {k: round(mean(r[k] or 0.0 for r in ok), 3) for k in
                    ("sandbox_s", "harness_s", "model_s", "grade_s", "proxy_s", "overhead_s")} if ok else {},
         "overhead_fraction_total": stats["overhead_fraction"], "proxy_fraction_total": stats["proxy_fraction"],
+        "loop_lag_fraction": stats["loop_lag_fraction"],
         "overhead_fraction_p50": cuts[9] if cuts else None, "overhead_fraction_p95": cuts[18] if cuts else None,
     }
 
@@ -50,4 +51,5 @@ def main(args: argparse.Namespace) -> int:
     print(f"engine overhead: {100 * frac:.2f}% of rollout wall time (per rollout p50 "
           f"{100 * result['overhead_fraction_p50']:.2f}%, p95 {100 * result['overhead_fraction_p95']:.2f}%); "
           f"with proxy bookkeeping {100 * (frac + proxy):.2f}%; infrastructure failures {json.dumps(result['infra_failures'])}")
+    print(f"engine event loop late (blocked or starved of CPU) {100 * result['loop_lag_fraction']:.2f}% of the run's wall time")
     return 0

@@ -81,6 +81,19 @@ class _Clock:
             self.spent[kind] += time.monotonic() - t0
 
 
+class _LoopLag:
+    """How long the engine's event loop was late waking a 50 ms timer, summed: time every rollout waited on the engine."""
+
+    def __init__(self, period: float = 0.05):
+        self.period, self.total = period, 0.0
+
+    async def watch(self) -> None:
+        while True:
+            t = time.monotonic()
+            await asyncio.sleep(self.period)
+            self.total += max(0.0, time.monotonic() - t - self.period)
+
+
 def in_sandbox_url(base_url: str, port: int) -> str:
     """The session's base URL with the proxy's host:port replaced by the sandbox's forwarded loopback port."""
     parts = urlsplit(base_url)
@@ -199,14 +212,16 @@ class Engine:
             done[entry["row"]["rollout_id"]] = entry
             progress.add(entry["row"])
 
-        t0 = time.monotonic()
         await self._prepare_images([t for t, _ in todo])
+        t0, lag = time.monotonic(), _LoopLag()
+        monitor = asyncio.ensure_future(lag.watch())
         try:
             with progress:
                 await asyncio.gather(*(worker(t, s) for t, s in todo))
         finally:
+            monitor.cancel()
             journal.close()
-        return self._finish(done, progress, time.monotonic() - t0, len(todo))
+        return self._finish(done, progress, time.monotonic() - t0, len(todo), lag.total)
 
     async def _prepare_images(self, tasks: list[RolloutTask]) -> None:
         """Build each missing task image once, before rollouts race to build it (tasks without ``prepare`` skip)."""
@@ -232,12 +247,12 @@ class Engine:
                                     "tasks": [t.task_id for t in self.tasks]}, indent=1))
         return Journal(path)
 
-    def _finish(self, done: dict[str, dict], progress: Progress, wall: float, ran: int) -> RolloutRun:
+    def _finish(self, done: dict[str, dict], progress: Progress, wall: float, ran: int, lag: float) -> RolloutRun:
         order = {f"{t.task_id}#{s}": i for i, (t, s) in enumerate(self.plan())}
         entries = sorted((e for rid, e in done.items() if rid in order), key=lambda e: order[e["row"]["rollout_id"]])
         rows = [e["row"] for e in entries]
         write_tables(rows, [s for e in entries for s in e["samples"]], self.config.out)
-        stats = {**progress.summary(), "wall_s": wall, "ran_now": ran,
+        stats = {**progress.summary(), "wall_s": wall, "ran_now": ran, "loop_lag_fraction": lag / wall if wall else None,
                  "rollouts_per_min": 60 * ran / wall if wall > 0 and ran else 0.0}
         (self.config.out / "stats.json").write_text(json.dumps(stats, indent=1))
         return RolloutRun(self.config.out, rows, stats)

@@ -115,8 +115,8 @@ class Backend(Protocol):
     async def snapshot(self, sandbox_id: str, image: str) -> int:
         """Freeze the sandbox's filesystem into a named image; return bytes added."""
 
-    def workdir(self, sandbox_id: str) -> str:
-        """Default working directory of the sandbox."""
+    async def workdir(self, sandbox_id: str) -> str:
+        """Default working directory of the sandbox (a backend may have to ask the sandbox first)."""
 
     def images(self) -> list[str]:
         """Image names this backend can start (for error messages)."""

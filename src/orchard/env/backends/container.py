@@ -533,7 +533,7 @@ class ContainerBackend:
             log.info("replaced snapshot image %s kept: %s", image_id[:19], _why(e)[-200:])
 
     # ------------------------------------------------------------ facts
-    def workdir(self, sandbox_id: str) -> str:
+    async def workdir(self, sandbox_id: str) -> str:
         box = self._boxes.get(sandbox_id)
         return box.workdir if box else DEFAULT_WORKDIR
 

@@ -150,6 +150,8 @@ class KubernetesBackend:
         return (cpu, mem) if cpu > 0 and mem > 0 else None
 
     async def close(self) -> None:
+        for task in list(self._attaching.values()):
+            task.cancel()
         if self.informer is not None:
             self.informer.close()
         if self.agents is not None:
@@ -415,9 +417,9 @@ class KubernetesBackend:
                                   "cannot commit a pod's filesystem to an image")
 
     # ------------------------------------------------------------ facts
-    def workdir(self, sandbox_id: str) -> str:
-        box = self._boxes.get(sandbox_id)
-        return box.workdir if box else DEFAULT_WORKDIR
+    async def workdir(self, sandbox_id: str) -> str:
+        """What the agent reported (a replica that did not create the sandbox attaches to it first)."""
+        return (await self._ready(sandbox_id)).workdir
 
     def images(self) -> list[str]:
         return ["host"]

@@ -354,7 +354,7 @@ class LocalBackend:
                 await asyncio.to_thread(self.cgroups.thaw, sandbox_id)
 
     # ------------------------------------------------------------ facts
-    def workdir(self, sandbox_id: str) -> str:
+    async def workdir(self, sandbox_id: str) -> str:
         meta = self._live.get(sandbox_id)
         return meta.workdir if meta else "/workspace"
 

@@ -23,11 +23,11 @@ class FileOps:
     def __init__(self, settings: Settings, backend: Backend):
         self.settings, self.backend = settings, backend
 
-    def resolve(self, sandbox_id: str, path: str, cwd: Optional[str] = None) -> str:
+    async def resolve(self, sandbox_id: str, path: str, cwd: Optional[str] = None) -> str:
         """Absolute, normalised path inside the sandbox (the backend still resolves links inside its root)."""
         if not path or "\x00" in path:
             raise errors.RequestError("path must be a non-empty string without NUL bytes", status_code=400)
-        base = cwd or self.backend.workdir(sandbox_id)
+        base = cwd or await self.backend.workdir(sandbox_id)
         return posixpath.normpath(posixpath.join(base, path))
 
     async def upload(self, sandbox_id: str, req: UploadRequest) -> UploadResponse:
@@ -41,24 +41,24 @@ class FileOps:
             raise errors.RequestError(f"content is not valid base64: {e}", status_code=400) from e
         if len(data) > limit:
             raise errors.PayloadTooLargeError(f"File of {len(data)} bytes exceeds the {limit}-byte limit")
-        path = self.resolve(sandbox_id, req.path)
+        path = await self.resolve(sandbox_id, req.path)
         await self.backend.write_file(sandbox_id, path, data, req.mode)
         return UploadResponse(success=True, path=path, size=len(data))
 
     async def download(self, sandbox_id: str, path: str) -> DownloadResponse:
         """Read one file as base64."""
-        path = self.resolve(sandbox_id, path)
+        path = await self.resolve(sandbox_id, path)
         data = await self.backend.read_file(sandbox_id, path, self.settings.max_file_bytes)
         return DownloadResponse(path=path, content=base64.b64encode(data).decode(), size=len(data))
 
     async def list(self, sandbox_id: str, path: str) -> ListFilesResponse:
         """List one directory, sorted by name."""
-        path = self.resolve(sandbox_id, path)
+        path = await self.resolve(sandbox_id, path)
         return ListFilesResponse(path=path, files=await self.backend.list_dir(sandbox_id, path))
 
     async def apply_patch(self, sandbox_id: str, req: ApplyPatchRequest) -> ApplyPatchResponse:
         """Write the patch to a file inside the sandbox and run git apply on it (no shell quoting of the text)."""
-        cwd = req.cwd or self.backend.workdir(sandbox_id)
+        cwd = req.cwd or await self.backend.workdir(sandbox_id)
         patch_path = f"/tmp/.orchard-patch-{uuid.uuid4().hex}.diff"
         data = req.patch.encode()
         if len(data) > self.settings.max_file_bytes:
