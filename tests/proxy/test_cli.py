@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from orchard.cli import build_parser
 
 
@@ -24,8 +26,8 @@ def test_export_of_a_missing_store_fails_cleanly(tmp_path, capsys):
 def test_bench_runs_and_prints_its_figures(capsys):
     import json
 
-    args = build_parser().parse_args(["proxy", "bench", "--latency-calls", "20", "--sessions", "4",
-                                      "--calls-per-session", "3", "--durability", "flush", "--upstream-delay-ms", "0", "5",
+    args = build_parser().parse_args(["proxy", "bench", "--latency-calls", "20", "--sessions", "8",
+                                      "--calls-per-session", "40", "--durability", "flush", "--upstream-delay-ms", "0", "5",
                                       "--json"])
     assert args.func(args) == 0
     runs = json.loads(capsys.readouterr().out)

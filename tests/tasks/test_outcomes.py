@@ -29,7 +29,7 @@ def test_parse_report_tolerates_garbage():
 
 def test_judge_needs_every_listed_test_to_pass_and_missing_counts_as_failed():
     outcomes = {"a": "passed", "b": "passed", "c": "failed"}
-    assert judge_tests("t", ["a"], ["b"], outcomes)[0] == "resolved"
-    assert judge_tests("t", ["a"], ["c"], outcomes)[0] == "unresolved"
-    status, f2p, _ = judge_tests("t", ["zz"], [], outcomes)
+    assert judge_tests(["a"], ["b"], outcomes)[0] == "resolved"
+    assert judge_tests(["a"], ["c"], outcomes)[0] == "unresolved"
+    status, f2p, _ = judge_tests(["zz"], [], outcomes)
     assert status == "unresolved" and f2p == {"zz": "missing"}

@@ -95,3 +95,11 @@ def test_a_missing_image_is_built_once_for_concurrent_callers(monkeypatch):
             assert sb.exec("python -c 'import pytest'", cwd=task.setup.workdir).exit_code == 0
             sb.delete()
     assert builds == [task.image]
+
+
+def test_the_swebench_style_ra_parser_grades_the_same(client):
+    task = sample_swe_tasks()[0]
+    scoring = task.scoring.model_copy(update={"parser": "pytest-ra", "command": task.scoring.command + " -rA"})
+    ra_task = task.model_copy(update={"scoring": scoring})
+    assert grade_patch(client, ra_task, task.patch).resolved
+    assert grade_patch(client, ra_task, "").status == "unresolved"

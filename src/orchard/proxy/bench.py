@@ -26,6 +26,17 @@ BODIES = {
 }
 
 
+def _body(dialect: str, history_kb: int) -> tuple[str, dict[str, Any]]:
+    """The dialect's path and body: a short question after ``history_kb`` 1 KB turns of earlier conversation (an
+    agent's later calls resend tens to hundreds of KB, and their prompt token ids come back with each reply)."""
+    path, body = BODIES[dialect]
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: " + "lorem ipsum " * 84}
+             for i in range(history_kb - history_kb % 2)]
+    key = "input" if dialect == "openai_responses" else "messages"
+    last = [{"role": "user", "content": body[key]}] if isinstance(body[key], str) else body[key]
+    return path, {**body, key: turns + last}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -125,8 +136,8 @@ async def _open_sessions(client: Any, proxy: str, n: int) -> list[str]:
 async def _measure(args: argparse.Namespace, upstream: _Server, proxy: _Server) -> dict[str, Any]:
     import aiohttp  # the load generator must outrun the proxy: httpx's pool is too slow at 64 concurrent calls
 
-    path, body = BODIES[args.dialect]
-    direct_body, direct_url = BODIES["openai_chat"][1], upstream.url + "/v1/chat/completions"
+    path, body = _body(args.dialect, args.history_kb)
+    direct_body, direct_url = _body("openai_chat", args.history_kb)[1], upstream.url + "/v1/chat/completions"
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512)) as client:
         keys = await _open_sessions(client, proxy.url, args.sessions)
         result = await _latency(client, direct_url, proxy.url + path, keys[0], direct_body, body, args.latency_calls)
@@ -179,6 +190,7 @@ def _run(args: argparse.Namespace, delay_ms: float) -> dict[str, Any]:
         with _upstream(args, delay_ms) as upstream, _process(["proxy", str(proxy_port), upstream.url, store, args.durability], proxy_port) as proxy:
             result = asyncio.run(_measure(args, upstream, proxy))
     return result | {"dialect": args.dialect, "durability": args.durability, "sessions": args.sessions,
+                     "history_kb": args.history_kb,
                      "upstream": args.upstream or "fake (in-package, byte tokens)",
                      "upstream_delay_ms": None if args.upstream else delay_ms,
                      "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]}
@@ -187,6 +199,7 @@ def _run(args: argparse.Namespace, delay_ms: float) -> dict[str, Any]:
 def _table(r: dict[str, Any]) -> str:
     return "\n".join([
         f"orchard proxy bench: dialect {r['dialect']}, durability {r['durability']}, upstream {r['upstream']}, "
+        f"history {r['history_kb']} KB, "
         f"delay {_ms(r['upstream_delay_ms'], '{:g}')}, "
         f"{r['cpus']} CPUs, load {r['load_avg_1m']:.1f}",
         f"latency (sequential)   direct p50 {r['direct_p50_ms']:.2f} ms  p99 {r['direct_p99_ms']:.2f} ms",
@@ -216,7 +229,7 @@ def _child(argv: list[str]) -> None:
     if argv[0] == "upstream":
         from orchard.proxy.fake_upstream import FakeUpstream
         delay = float(argv[2]) / 1000
-        app: Any = FakeUpstream(lambda messages, tools: {"content": "ok", "delay": delay})
+        app: Any = FakeUpstream(lambda messages, tools: {"content": "ok", "delay": delay}, keep=False)
     else:
         from orchard.proxy.app import ProxySettings, create_app
         app = create_app(ProxySettings(upstream_url=argv[2], store_dir=argv[3], durability=argv[4], admin_keys=[ADMIN]))

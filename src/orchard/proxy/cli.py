@@ -60,6 +60,12 @@ def _delay_ms(text: str) -> float:
     return value
 
 
+def _history_kb(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"a whole number of KB, 0 or more, not {text!r}")
+    return int(text)
+
+
 def _bench(args: argparse.Namespace) -> int:
     from orchard.proxy.bench import main
     return main(args)
@@ -99,6 +105,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument("--upstream", help="a running upstream to measure against (default: start the in-package fake)")
     bench.add_argument("--upstream-delay-ms", type=_delay_ms, nargs="+", default=[0.0, 20.0],
                        help="service time the fake upstream adds to each call; one measurement per value (default: 0 20)")
+    bench.add_argument("--history-kb", type=_history_kb, default=0,
+                       help="earlier conversation in each request, in 1 KB turns (default 0: a one-line question)")
     bench.add_argument("--durability", choices=["fsync", "flush"], default="fsync")
     bench.add_argument("--dialect", choices=["openai_chat", "openai_responses", "anthropic_messages"], default="openai_chat")
     bench.add_argument("--json", action="store_true", help="print one JSON object")

@@ -51,8 +51,9 @@ def echo_policy(messages: list[dict[str, Any]], tools: Optional[list[dict[str, A
 class FakeUpstream:
     """An ASGI app serving ``POST /v1/chat/completions``, ``GET /v1/models`` and ``GET /health``."""
 
-    def __init__(self, policy: Policy = echo_policy, token_ids: bool = True, model: str = "fake-model"):
-        self.policy, self.token_ids, self.model = policy, token_ids, model
+    def __init__(self, policy: Policy = echo_policy, token_ids: bool = True, model: str = "fake-model", keep: bool = True):
+        self.policy, self.token_ids, self.model, self.keep = policy, token_ids, model, keep
+        """``keep=False`` (the benchmark): forget requests and headers instead of keeping every one for tests to read."""
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         """The headers of every chat call (tests check which key reached the upstream)."""
@@ -66,7 +67,7 @@ class FakeUpstream:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        if scope["path"].endswith("/chat/completions"):
+        if self.keep and scope["path"].endswith("/chat/completions"):
             self.headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
         status, reply = await self._answer(scope["method"], scope["path"], body)
         data = json.dumps(reply).encode()
@@ -82,7 +83,8 @@ class FakeUpstream:
         if method != "POST" or not path.endswith("/chat/completions"):
             return 404, {"error": {"message": "not found", "type": "not_found_error"}}
         request = json.loads(body)
-        self.requests.append(request)
+        if self.keep:
+            self.requests.append(request)
         decision = self.policy(request["messages"], request.get("tools"))
         if decision.get("delay"):
             await asyncio.sleep(decision["delay"])

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Iterator
 
 import orjson
+
+_LENIENT: ContextVar[bool] = ContextVar("orchard_proxy_lenient_json", default=False)
 
 
 def loads(data: bytes | str) -> Any:
@@ -25,12 +29,23 @@ def parse(data: bytes | str) -> tuple[Any, bool]:
 def dumps(value: Any, strict: bool = True) -> bytes:
     """Compact UTF-8 JSON. ``strict=False`` (the value may hold NaN or infinities, which orjson would write as null)
     uses ``json``, which writes them as Python does; so does a value orjson cannot encode (e.g. non-string keys)."""
-    if strict:
+    if strict and not _LENIENT.get():
         try:
             return orjson.dumps(value)
         except TypeError:
             pass
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@contextmanager
+def lenient() -> Iterator[None]:
+    """Within this block every ``dumps`` writes as the standard library does (a reply rendered from a request that was
+    not strict JSON may echo its NaN)."""
+    token = _LENIENT.set(True)
+    try:
+        yield
+    finally:
+        _LENIENT.reset(token)
 
 
 def finite(values: Any) -> bool:

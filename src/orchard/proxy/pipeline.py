@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from contextlib import nullcontext
 from types import ModuleType
 from typing import Any, AsyncIterator, Callable, Optional
 
@@ -156,10 +157,12 @@ class Pipeline:
 
     @staticmethod
     def render(dialect: ModuleType, result: UpstreamResult, call: ChatCall, strict: bool = True) -> Response:
-        if call.stream:
-            return Response(dialect.render_stream(result.completion, call), media_type="text/event-stream",
-                            headers=SSE_HEADERS)
-        return Response(fastjson.dumps(dialect.render_reply(result.completion, call), strict), media_type=JSON)
+        """The harness's reply; ``strict=False`` (the request was not strict JSON) renders with the standard library."""
+        with nullcontext() if strict else fastjson.lenient():
+            if call.stream:
+                return Response(dialect.render_stream(result.completion, call), media_type="text/event-stream",
+                                headers=SSE_HEADERS)
+            return Response(fastjson.dumps(dialect.render_reply(result.completion, call)), media_type=JSON)
 
 
 async def _keepalive(dialect: ModuleType, work: "asyncio.Future[Response]", interval: float) -> AsyncIterator[bytes]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator, Literal, Optional
 
@@ -38,8 +39,11 @@ class Recorder:
         self._size = self.files[CALLS].seek(0, os.SEEK_END)
         self._pending: list[Pending] = []
         self._writing = False
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="orchard-recorder")
+        """fsync mode's own thread: reads of the store on the default executor never hold up a commit."""
 
     def close(self) -> None:
+        self._writer.shutdown(wait=True)
         for f in self.files.values():
             f.close()
         self._lock.close()
@@ -67,7 +71,7 @@ class Recorder:
             while self._pending:
                 batch, self._pending = self._pending, []
                 try:
-                    await asyncio.to_thread(self._write, batch)
+                    await asyncio.get_running_loop().run_in_executor(self._writer, self._write, batch)
                 except Exception as e:  # every waiter must hear of it, whatever it was
                     _settle(batch, e)
                     continue

@@ -70,7 +70,7 @@ def result_from(task: AnyTask, exit_code: Optional[int], output: str, report: st
         return oc.GradeResult(status=status, reward=float(status == "resolved"), **base)
     scoring = task.scoring
     found = oc.parse_report(report) if scoring.parser == "pytest-json" else oc.parse_ra(output)
-    status, f2p, p2p = oc.judge_tests(task.id, scoring.fail_to_pass, scoring.pass_to_pass, found)
+    status, f2p, p2p = oc.judge_tests(scoring.fail_to_pass, scoring.pass_to_pass, found)
     return oc.GradeResult(status=status, reward=float(status == "resolved"), fail_to_pass=f2p, pass_to_pass=p2p,
                           **base)
 

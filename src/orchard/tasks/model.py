@@ -147,10 +147,14 @@ def swebench_image(instance_id: str) -> str:
     return f"swebench/sweb.eval.x86_64.{instance_id.replace('__', '_1776_').lower()}:latest"
 
 
+# SWE-bench images keep the repository's environment in a conda env named testbed.
+CONDA_TESTBED = "if [ -f /opt/miniconda3/bin/activate ]; then . /opt/miniconda3/bin/activate testbed; fi; "
+
+
 def default_test_command(task: SWETask) -> str:
     """pytest over the files the listed tests live in, with the `-rA` summary the pytest-ra parser reads."""
     files = sorted({t.split("::")[0] for t in task.FAIL_TO_PASS + task.PASS_TO_PASS if "::" in t})
-    return "pytest -rA " + " ".join(files) if files else "pytest -rA"
+    return CONDA_TESTBED + ("pytest -rA " + " ".join(files) if files else "pytest -rA")
 
 
 AnyTask = Union[SWETask, Task]

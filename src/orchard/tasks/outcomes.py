@@ -101,7 +101,7 @@ def parse_ra(output: str) -> dict[str, str]:
     return outcomes
 
 
-def judge_tests(task_id: str, fail_to_pass: list[str], pass_to_pass: list[str],
+def judge_tests(fail_to_pass: list[str], pass_to_pass: list[str],
                 outcomes: dict[str, str]) -> tuple[str, dict[str, str], dict[str, str]]:
     """Resolved when every listed test passed (a test that did not run counts as failed)."""
     f2p = {t: outcomes.get(t, "missing") for t in fail_to_pass}

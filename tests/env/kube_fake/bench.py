@@ -5,7 +5,9 @@ HTTP round trip over loopback, a bubblewrap "pod"), not a cluster: scheduling, i
 pod network are absent. Prints JSON: backend-direct `true` exec p50/p90/p99, and through the
 service and SDK (`orchard.env.bench.exec_latency`), with create-to-ready for both; and an HTTP GET
 (a new connection each) from inside a closed sandbox through its model_endpoint, beside the same GET
-made directly on this machine (on the fake the path has two relays: the agent's and the fake network's).
+made directly on this machine (on the fake the path has two relays: the agent's and the fake network's);
+and, for sandboxes one backend created, a second backend's (replica's) first exec, which attaches to the
+sandbox (its token Secret, the agent's info), beside its second.
 """
 
 from __future__ import annotations
@@ -99,6 +101,29 @@ async def model_endpoint_latency(cluster: FakeCluster, state: Path, samples: int
     return {"through_model_endpoint_ms": percentiles(json.loads(out.stdout)), "direct_on_host_ms": percentiles(direct)}
 
 
+async def other_replica_latency(cluster: FakeCluster, state: Path, sandboxes: int) -> dict:
+    async def ignore(sandbox_id: str, message: str) -> None:
+        return None
+
+    a, b = (KubernetesBackend(Settings(backend="kubernetes", state_dir=state / name, kube_config=cluster.kubeconfig))
+            for name in ("a", "b"))
+    await a.start(ignore)
+    await b.start(ignore)
+    first, second = [], []
+    try:
+        for i in range(sandboxes):
+            await a.create(SandboxSpec(f"bench-shared-{i}", "host", created_at=time.time()))
+            for took in (first, second):
+                t = time.perf_counter()
+                await b.exec(f"bench-shared-{i}", ExecSpec(["true"]))
+                took.append(time.perf_counter() - t)
+            await a.delete(f"bench-shared-{i}")
+    finally:
+        await a.close()
+        await b.close()
+    return {"sandboxes": sandboxes, "first_exec_ms": percentiles(first), "second_exec_ms": percentiles(second)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--samples", type=int, default=200)
@@ -108,6 +133,7 @@ def main() -> None:
     try:
         direct = asyncio.run(backend_latency(cluster, root / "state", args.samples))
         model = asyncio.run(model_endpoint_latency(cluster, root / "state-model", args.samples))
+        replica = asyncio.run(other_replica_latency(cluster, root / "state-replicas", min(args.samples, 30)))
         env = {"ORCHARD_BACKEND": "kubernetes", "ORCHARD_KUBE_CONFIG": str(cluster.kubeconfig), "ORCHARD_NO_AUTH": "1"}
         svc = ServiceProcess(state_dir=root / "svc", env=env, args=[]).start()
         try:
@@ -117,7 +143,8 @@ def main() -> None:
     finally:
         cluster.stop()
     print(json.dumps({"backend": "kubernetes (fake API server, loopback agent)", "backend_direct": direct,
-                      "service_sdk": through, "model_endpoint_get": model}, indent=1))
+                      "service_sdk": through, "model_endpoint_get": model,
+                      "other_replica": replica}, indent=1))
 
 
 if __name__ == "__main__":

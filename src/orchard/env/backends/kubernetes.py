@@ -45,7 +45,7 @@ from orchard.env.settings import Settings
 
 log = logging.getLogger("orchard.env")
 DEFAULT_WORKDIR = "/workspace"
-ATTACH_WAIT = 5.0       # seconds a replica waits for its own watch to see another replica's sandbox serve
+ATTACH_WAIT = 5.0       # seconds a replica waits for its own watch to see a sandbox serve whose Secret it found
 API_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError)
 
 
@@ -275,17 +275,13 @@ class KubernetesBackend:
             task.exception()
 
     async def _attach(self, sandbox_id: str) -> Box:
-        """Handle of a sandbox this replica did not create: its pod as the watch shows it, its token Secret."""
+        """Handle of a sandbox this replica did not create: its token Secret, then its pod as the watch shows it."""
+        state = self.informer.states.get(sandbox_id) if self.informer else None
+        if sandbox_id in self._deleting or (state is not None and state.failure is not None):
+            raise errors.SandboxNotFoundError(f"Sandbox {sandbox_id} is not running in the cluster")
+        token = await self._token(sandbox_id)          # no Secret: no such sandbox, without waiting for the watch
         state = await self._serving(sandbox_id)
-        try:
-            token = await self._blocking(self._read_token, sandbox_id)
-        except ApiException as e:
-            if e.status == 404:
-                raise errors.SandboxNotFoundError(f"Sandbox {sandbox_id} has no token Secret in the cluster") from e
-            raise errors.BackendError(f"Reading the token of sandbox {sandbox_id} failed: {_why(e)}") from e
-        except (KeyError, TypeError, ValueError, *API_ERRORS) as e:
-            raise errors.BackendError(f"Reading the token of sandbox {sandbox_id} failed: {_why(e)}") from e
-        try:                                     # which policies it has is unknown here: delete tries both
+        try:                                           # which policies it has is unknown here: delete tries both
             box = await self._box(sandbox_id, state, token, networked=True, model=True)
         except errors.SandboxFailedError as e:
             if self._still_serving(sandbox_id):
@@ -294,6 +290,16 @@ class KubernetesBackend:
         if not self._still_serving(sandbox_id):
             raise errors.SandboxNotFoundError(f"Sandbox {sandbox_id} is not running in the cluster")
         return self._boxes.setdefault(sandbox_id, box)
+
+    async def _token(self, sandbox_id: str) -> str:
+        try:
+            return await self._blocking(self._read_token, sandbox_id)
+        except ApiException as e:
+            if e.status == 404:
+                raise errors.SandboxNotFoundError(f"Sandbox {sandbox_id} is not running in the cluster") from e
+            raise errors.BackendError(f"Reading the token of sandbox {sandbox_id} failed: {_why(e)}") from e
+        except (KeyError, TypeError, ValueError, *API_ERRORS) as e:
+            raise errors.BackendError(f"Reading the token of sandbox {sandbox_id} failed: {_why(e)}") from e
 
     def _still_serving(self, sandbox_id: str) -> bool:
         state = self.informer.states.get(sandbox_id)
@@ -305,8 +311,6 @@ class KubernetesBackend:
             return state is not None and (state.serving or state.failure is not None or state.deleted)
 
         not_running = errors.SandboxNotFoundError(f"Sandbox {sandbox_id} is not running in the cluster")
-        if self.informer is None or sandbox_id in self._deleting:
-            raise not_running
         try:
             state = await self.informer.wait(sandbox_id, settled, timeout=ATTACH_WAIT)
         except asyncio.TimeoutError:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from orchard.errors import RequestError
+from orchard.proxy import fastjson
 
 
 @dataclass
@@ -95,9 +96,8 @@ def require_dict(body: Any) -> dict[str, Any]:
 
 def sse(data: Any, event: Optional[str] = None) -> bytes:
     """One server-sent event; ``data`` is JSON-encoded unless it is already text."""
-    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {text}\n\n".encode()
+    payload = data.encode() if isinstance(data, str) else fastjson.dumps(data)
+    return (f"event: {event}\n".encode() if event else b"") + b"data: " + payload + b"\n\n"
 
 
 def sampling_params(body: dict[str, Any], max_tokens_key: str, stop_key: str) -> dict[str, Any]:
