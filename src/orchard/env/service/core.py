@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from orchard.env.backends.base import Backend
 from orchard.env.service.files import FileOps
@@ -14,7 +13,6 @@ from orchard.env.service.sandboxes import SandboxManager
 from orchard.env.service.stores.base import Store
 from orchard.env.settings import Settings
 
-log = logging.getLogger("orchard.env")
 
 
 class EnvCore:
@@ -56,5 +54,4 @@ class EnvCore:
             self.metrics.loop_lag.observe(max(0.0, loop.time() - start - period))
 
     async def _sandbox_exited(self, sandbox_id: str, message: str) -> None:
-        log.warning("sandbox %s exited: %s", sandbox_id, message)
         await self.sandboxes.mark_failed(sandbox_id, message)

@@ -246,6 +246,7 @@ class SandboxManager:
             return
         if await self.store.update_sandbox(sandbox_id, status="failed", status_message=message) is None:
             return
+        log.warning("sandbox %s failed: %s", sandbox_id, message)
         await self.store.notify(f"sandbox:{sandbox_id}")
         self._gone(sandbox_id, message)
         asyncio.create_task(self.backend.delete(sandbox_id))
