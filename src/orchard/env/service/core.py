@@ -14,7 +14,6 @@ from orchard.env.service.stores.base import Store
 from orchard.env.settings import Settings
 
 
-
 class EnvCore:
     """Everything a request handler needs, started and stopped by the app's lifespan."""
 
