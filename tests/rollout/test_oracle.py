@@ -118,3 +118,14 @@ def test_parse_patch_finds_hunks(repo):
     _, gold = repo
     (hunk,) = parse_patch(gold)
     assert hunk.path == "pkg/core.py" and hunk.old_start >= 1 and "+        return hi" in hunk.text
+
+
+def test_same_bug_report_for_two_tasks_is_told_apart_by_reading_the_code(repo):
+    cwd, gold = repo
+    decoy = gold.replace("-        return x\n+        return hi\n", "-        return max(x, hi)\n+        return hi\n")
+    assert decoy != gold
+    tasks = [OracleTask(instruction="clamp is broken", workdir=str(cwd), gold_patch=p,
+                        tests=["tests/test_core.py::test_clamp_high"],
+                        test_command=f"{sys.executable} -m pytest -q -p no:cacheprovider") for p in (decoy, gold)]
+    drive(Oracle(tasks), "clamp is broken", cwd)
+    assert suite_passes(cwd)

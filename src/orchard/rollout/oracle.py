@@ -106,9 +106,11 @@ def _heredoc_apply(workdir: str, patch: str) -> str:
 class Plan:
     """The actions of one conversation, given its task, mode and what the exploration showed."""
 
-    def __init__(self, task: OracleTask, mode: str, explored: str):
+    def __init__(self, task: OracleTask, mode: str, explored: str, also_read: Optional[list[Hunk]] = None):
         self.task, self.mode, self.explored = task, mode, explored
         self.hunks = parse_patch(task.gold_patch) if task.gold_patch else []
+        self.also_read = also_read or []
+        """Hunks of other tasks with the same instruction: read too, so the code shows which bug this is."""
 
     def actions(self) -> list[Action]:
         t = self.task
@@ -126,7 +128,9 @@ class Plan:
         return f"cd {t.workdir} && {t.test_command} {' '.join(_quote(x) for x in t.tests[:5])} 2>&1 | tail -40"
 
     def _read_cmd(self) -> str:
-        parts = [f"sed -n '{max(1, h.old_start - 8)},{h.old_start + h.old_len + 8}p' {h.path}" for h in self.hunks[:4]]
+        spans = dict.fromkeys((h.path, max(1, h.old_start - 8), h.old_start + h.old_len + 8)
+                              for h in self.hunks[:4] + self.also_read[:8])
+        parts = [f"sed -n '{a},{b}p' {path}" for path, a, b in spans]
         return f"cd {self.task.workdir} && " + " && echo ---- && ".join(parts)
 
     def _verify(self) -> Action:
@@ -196,13 +200,22 @@ class Oracle:
         self.tasks, self.error_rate, self.modes = tasks, error_rate, modes
         self._rng, self._lock = random.Random(seed), threading.Lock()
 
-    def find(self, messages: list[dict[str, Any]]) -> OracleTask:
-        """The task whose instruction the first user message carries."""
+    def candidates(self, messages: list[dict[str, Any]]) -> list[OracleTask]:
+        """The tasks whose instruction the first user message carries (several when bug reports coincide)."""
         user = next((_content(m) for m in messages if m.get("role") == "user"), "")
-        best = [t for t in self.tasks if t.instruction.strip() and t.instruction.strip() in user]
-        if not best:
+        found = [t for t in self.tasks if t.instruction.strip() and t.instruction.strip() in user]
+        if not found:
             raise RequestError("the oracle knows no task with this instruction")
-        return max(best, key=lambda t: len(t.instruction))
+        longest = max(len(t.instruction) for t in found)
+        return [t for t in found if len(t.instruction) == longest]
+
+    def find(self, messages: list[dict[str, Any]]) -> OracleTask:
+        """The task of this conversation: among same-instruction tasks, the one whose buggy lines the tool
+        outputs so far show (as an engineer tells two bugs apart by reading the code)."""
+        found = self.candidates(messages)
+        seen = "\n".join(_content(m) for m in messages if m.get("role") == "tool")
+        shown = [t for t in found if _removed_lines(t.gold_patch) and all(ln in seen for ln in _removed_lines(t.gold_patch))]
+        return (shown or found)[0]
 
     def _mode(self, assistant: list[dict[str, Any]]) -> str:
         if assistant:
@@ -214,9 +227,10 @@ class Oracle:
 
     def next_action(self, messages: list[dict[str, Any]]) -> Action:
         task = self.find(messages)
+        others = [h for t in self.candidates(messages) if t is not task and t.gold_patch for h in parse_patch(t.gold_patch)]
         assistant = [m for m in messages if m.get("role") == "assistant"]
         explored = next((_content(m) for m in messages if m.get("role") == "tool"), "")
-        actions = Plan(task, self._mode(assistant), explored).actions()
+        actions = Plan(task, self._mode(assistant), explored, others).actions()
         return actions[min(len(assistant), len(actions) - 1)]
 
     def reply(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -258,6 +272,11 @@ def policy(request: Any) -> dict[str, Any]:
                           error_rate=float(os.environ.get("ORCHARD_ORACLE_ERROR_RATE", "0.3")),
                           seed=int(os.environ.get("ORCHARD_ORACLE_SEED", "0")))
     return _DEFAULT(request)
+
+
+def _removed_lines(patch: str) -> list[str]:
+    """The buggy lines a gold patch removes, stripped (what reading the code reveals)."""
+    return [ln[1:].strip() for ln in patch.splitlines() if ln.startswith("-") and not ln.startswith("---") and ln[1:].strip()]
 
 
 def _content(m: dict[str, Any]) -> str:
