@@ -138,7 +138,8 @@ async def _measure(args: argparse.Namespace, upstream: _Server, proxy: _Server) 
 
     path, body = _body(args.dialect, args.history_kb)
     direct_body, direct_url = _body("openai_chat", args.history_kb)[1], upstream.url + "/v1/chat/completions"
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512)) as client:
+    # idle connections are dropped before the servers' 5 s keep-alive ends, so none is reused as the server closes it
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512, keepalive_timeout=4)) as client:
         keys = await _open_sessions(client, proxy.url, args.sessions)
         result = await _latency(client, direct_url, proxy.url + path, keys[0], direct_body, body, args.latency_calls)
         direct_rates, proxy_rates, proxy_cpu, upstream_cpu = [], [], 0.0, 0.0
@@ -234,7 +235,7 @@ def _child(argv: list[str]) -> None:
         from orchard.proxy.app import ProxySettings, create_app
         app = create_app(ProxySettings(upstream_url=argv[2], store_dir=argv[3], durability=argv[4], admin_keys=[ADMIN]))
     uvicorn.run(app, host="127.0.0.1", port=int(argv[1]), loop="uvloop", http="httptools", log_level="warning",
-                access_log=False)
+                access_log=False, timeout_keep_alive=75 if argv[0] == "proxy" else 5)  # as `orchard proxy serve`, as vLLM
 
 
 if __name__ == "__main__":
