@@ -18,6 +18,8 @@ import socket
 import threading
 from typing import Callable, Optional
 
+from orchard.env.agent.relay import splice
+
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -138,21 +140,4 @@ def _relay(client: socket.socket, connect: Callable[[], socket.socket]) -> None:
         return
     for sock in (client, upstream):        # no Nagle: a relayed reply must not wait for a delayed ACK
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
-    back.start()
-    _pipe(client, upstream)
-    back.join()
-    client.close()
-    upstream.close()
-
-
-def _pipe(source: socket.socket, sink: socket.socket) -> None:
-    try:
-        while data := source.recv(65536):
-            sink.sendall(data)
-    except OSError:
-        pass
-    try:
-        sink.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
+    splice(client, upstream)

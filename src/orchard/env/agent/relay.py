@@ -74,12 +74,7 @@ class Relay:
             client.close()
             return
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)     # no Nagle: replies must not wait for ACKs
-        back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
-        back.start()
-        _pipe(client, upstream)
-        back.join()
-        client.close()
-        upstream.close()
+        splice(client, upstream)
 
     def _connect(self) -> Optional[socket.socket]:
         for host, port in self.targets:
@@ -91,6 +86,16 @@ class Relay:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return conn
         return None
+
+
+def splice(client: socket.socket, upstream: socket.socket) -> None:
+    """Copy both ways until both ends have finished, then close both sockets."""
+    back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
+    back.start()
+    _pipe(client, upstream)
+    back.join()
+    client.close()
+    upstream.close()
 
 
 def _pipe(source: socket.socket, sink: socket.socket) -> None:
