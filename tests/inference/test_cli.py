@@ -67,3 +67,4 @@ def test_bench_prints_tokens_per_second():
     assert [r["batch"] for r in report["results"]] == [1, 2]
     assert all(r["tokens"] == 2 * r["batch"] and r["tokens_per_s"] > 0 and r["peak_batch"] == r["batch"]
                for r in report["results"])
+    assert all(r["baseline_generate_tokens_per_s"] > 0 and r["vs_baseline"] > 0 for r in report["results"])

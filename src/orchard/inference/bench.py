@@ -1,5 +1,6 @@
 """`orchard model bench` and `orchard model prepare`: load times and decode tokens/s of the local engine, printed.
 
+Each batch size is compared with plain transformers ``generate()`` on the same weights in the same run.
 Tokens/s are given against wall time and against the process's CPU time: on a shared machine the second says
 what the engine does with the CPU it actually got (with ``--threads 1``, roughly the rate on one free core).
 """
@@ -87,9 +88,30 @@ async def _measure(engine: Any, batch: int, max_tokens: int, repeats: int) -> di
 
 async def _measure_all(engine: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     try:
-        return [await _measure(engine, batch, args.max_tokens, args.repeats) for batch in args.batch]
+        results = [await _measure(engine, batch, args.max_tokens, args.repeats) for batch in args.batch]
     finally:
         await engine.aclose()
+    for result in results:
+        result["baseline_generate_tokens_per_s"] = baseline(engine, result["batch"], args.max_tokens)
+        result["vs_baseline"] = round(result["tokens_per_s"] / result["baseline_generate_tokens_per_s"], 2)
+    return results
+
+
+def baseline(engine: Any, batch: int, max_tokens: int) -> float:
+    """Plain transformers ``generate()`` (greedy, left-padded batch) on the same weights: the yardstick."""
+    import torch
+
+    tokenizer, model = engine.tokenizer, engine.model
+    prompts = [tokenizer.prompt_ids([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]) for i in range(batch)]
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=engine.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=engine.device)
+    run = dict(input_ids=ids, attention_mask=mask, do_sample=False, pad_token_id=0)
+    with torch.inference_mode():
+        model.generate(**run, max_new_tokens=4, min_new_tokens=4)
+        started = time.perf_counter()
+        model.generate(**run, max_new_tokens=max_tokens, min_new_tokens=max_tokens)
+    return round(batch * max_tokens / (time.perf_counter() - started), 1)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -125,4 +147,5 @@ def _print(report: dict[str, Any], as_json: bool) -> None:
     for r in report["results"]:
         print(f"batch {r['batch']:>2}: {r['tokens_per_s']:>7.1f} tokens/s wall, {r['tokens_per_cpu_s']:>7.1f} per CPU-second "
               f"({r['tokens']} tokens in {r['seconds']} s, {r['cpu_seconds']} CPU-s; "
-              f"rows decoded together {r['peak_batch']}; rounds {r['all_tokens_per_s']})")
+              f"rows decoded together {r['peak_batch']}; rounds {r['all_tokens_per_s']}); plain generate() "
+              f"{r['baseline_generate_tokens_per_s']} tokens/s, ratio {r['vs_baseline']}")
