@@ -114,3 +114,16 @@ def test_infrastructure_failures_are_marked(viewer, browser):
     Select(browser.find_element(By.ID, "filter-failure")).select_by_visible_text("sandbox")
     wait_for(lambda: len(row_ids(browser)) == 1)
     assert "infra: sandbox" in rows(browser)[0].text
+
+
+def test_a_link_with_a_rollout_in_its_fragment_opens_it(viewer, browser):
+    from selenium.webdriver.common.by import By
+
+    browser.get(viewer + "#six-1%230")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#detail h2"))
+    assert browser.find_element(By.CSS_SELECTOR, "#detail h2").text == "six-1#0"
+    assert browser.find_element(By.ID, "reward").text == "1 resolved"
+    rows(browser)[-1].click()                      # choosing another row puts it in the address
+    wait_for(lambda: browser.execute_script("return location.hash") != "#six-1%230")
+    other = browser.execute_script("return decodeURIComponent(location.hash.slice(1))")
+    wait_for(lambda: browser.find_element(By.CSS_SELECTOR, "#detail h2").text == other)

@@ -54,10 +54,28 @@ class CheckerScoring(_Model):
 
 
 class JudgeScoring(_Model):
-    """Scored by a judge model against a rubric (the rollout engine calls the judge; grading.py does not)."""
+    """Scored by a judge model (an OpenAI-compatible chat endpoint) against a rubric; see tasks/judge.py."""
 
     kind: Literal["judge"] = "judge"
     rubric: str = Field(description="What the judge is told to check.")
+    reference_answer: Optional[str] = Field(None, description="A known-good answer shown to the judge (not the agent).")
+    diff: bool = Field(False, description="Show the judge the agent's `git diff` of the workdir (needs a git repo).")
+    files: list[str] = Field(default_factory=list, description="Files (absolute, or relative to the workdir) "
+                                                               "whose content the judge sees.")
+    commands: list[str] = Field(default_factory=list, description="Commands run in the workdir at grading time "
+                                                                  "whose exit code and output the judge sees.")
+    threshold: float = Field(0.5, ge=0, le=1, description="Resolved when the judge's score is at least this.")
+    url: Optional[str] = Field(None, description="Judge base URL ending in /v1 (default: $ORCHARD_JUDGE_URL).")
+    model: Optional[str] = Field(None, description="Judge model name (default: $ORCHARD_JUDGE_MODEL).")
+    attempts: int = Field(3, ge=1, le=10, description="Requests before a missing or malformed verdict is an error.")
+    timeout: float = Field(120, gt=0, description="Seconds each judge request (and each command) may take.")
+    max_chars: int = Field(20000, gt=0, description="Each piece of evidence is cut to its last max_chars characters.")
+
+    @model_validator(mode="after")
+    def _has_evidence(self) -> "JudgeScoring":
+        if not (self.diff or self.files or self.commands):
+            raise ValueError("judge scoring needs evidence: diff, files or commands")
+        return self
 
 
 Scoring = Annotated[Union[TestsScoring, CheckerScoring, JudgeScoring], Field(discriminator="kind")]
