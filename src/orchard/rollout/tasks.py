@@ -15,13 +15,14 @@ from orchard.tasks.model import AnyTask, CheckerScoring, Task, TestsScoring
 class SuiteTask:
     """One orchard.tasks task: set up through its Setup, graded by its scoring.
 
-    Tests scoring (SWE) grades the collected patch in a fresh sandbox from the task image; checker scoring
-    (terminal tasks) grades the rollout's own sandbox, whose final state is the answer.
+    Tests scoring (SWE) grades the collected patch in a fresh sandbox from the task image; checker and judge
+    scoring grade the rollout's own sandbox, whose final state is the answer (the judge endpoint comes from
+    the task's scoring or ORCHARD_JUDGE_URL / ORCHARD_JUDGE_MODEL).
     """
 
     def __init__(self, task: AnyTask):
-        if task.scoring is None or task.scoring.kind == "judge":
-            raise errors.RequestError(f"task {task.id}: the engine grades tests or checker scoring, not judges")
+        if task.scoring is None:
+            raise errors.RequestError(f"task {task.id}: has no scoring")
         self.task = task
         self.task_id, self.image, self.instruction = task.id, task.image, task.instruction
         self.workdir = task.setup.workdir

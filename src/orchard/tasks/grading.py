@@ -13,6 +13,7 @@ import time
 from typing import Any, Optional
 
 from orchard import errors
+from orchard.tasks import judge as jg
 from orchard.tasks import outcomes as oc
 from orchard.tasks.images import abuild_image, build_image, is_buildable
 from orchard.tasks.model import AnyTask, CheckerScoring, JudgeScoring, TestsScoring
@@ -92,11 +93,6 @@ def setup_failure(task: AnyTask, command: str, result: Any) -> errors.TaskError:
                             f"{oc.tail(result.stdout + result.stderr, 2000)}")
 
 
-def _check_gradable(task: AnyTask) -> None:
-    if isinstance(task.scoring, JudgeScoring):
-        raise errors.TaskError(f"task {task.id}: judge scoring is done by a judge model, not in a sandbox")
-
-
 def _missing_image(e: errors.OrchardError) -> bool:
     return isinstance(e, (errors.SandboxFailedError, errors.NotFoundError)) and "snapshots" in str(e.detail)
 
@@ -149,9 +145,14 @@ def collect_patch(sandbox: Any, task: AnyTask) -> str:
     return result.stdout
 
 
-def grade_sandbox(sandbox: Any, task: AnyTask, patch_applied: Optional[bool] = None) -> oc.GradeResult:
-    """Score the sandbox's current state in place (terminal tasks: the agent's own sandbox)."""
-    _check_gradable(task)
+def grade_sandbox(sandbox: Any, task: AnyTask, patch_applied: Optional[bool] = None,
+                  **judge: Any) -> oc.GradeResult:
+    """Score the sandbox's current state in place (terminal tasks: the agent's own sandbox).
+
+    Judge scoring asks the judge model (``judge``: url / model / api_key overrides, see tasks/judge.py).
+    """
+    if isinstance(task.scoring, JudgeScoring):
+        return jg.grade_judge(sandbox, task, patch_applied=patch_applied, **judge)
     started = time.monotonic()
     for path, content in grading_files(task).items():
         sandbox.upload_content(content, path)
@@ -178,7 +179,6 @@ def apply_in(sandbox: Any, task: AnyTask, patch: str) -> tuple[bool, str]:
 
 def grade_patch(client: Any, task: AnyTask, patch: str, **create_kwargs: Any) -> oc.GradeResult:
     """Grade a submitted patch in a fresh sandbox: setup, test_patch, the patch, then the task's scoring."""
-    _check_gradable(task)
     started = time.monotonic()
     try:
         with prepare_sandbox(client, task, **create_kwargs) as sandbox:
@@ -248,9 +248,11 @@ async def acollect_patch(sandbox: Any, task: AnyTask) -> str:
     return result.stdout
 
 
-async def agrade_sandbox(sandbox: Any, task: AnyTask, patch_applied: Optional[bool] = None) -> oc.GradeResult:
+async def agrade_sandbox(sandbox: Any, task: AnyTask, patch_applied: Optional[bool] = None,
+                         **judge: Any) -> oc.GradeResult:
     """Async twin of grade_sandbox."""
-    _check_gradable(task)
+    if isinstance(task.scoring, JudgeScoring):
+        return await jg.agrade_judge(sandbox, task, patch_applied=patch_applied, **judge)
     started = time.monotonic()
     for path, content in grading_files(task).items():
         await sandbox.upload_content(content, path)
@@ -273,7 +275,6 @@ async def aapply_in(sandbox: Any, task: AnyTask, patch: str) -> tuple[bool, str]
 
 async def agrade_patch(client: Any, task: AnyTask, patch: str, **create_kwargs: Any) -> oc.GradeResult:
     """Async twin of grade_patch."""
-    _check_gradable(task)
     started = time.monotonic()
     try:
         sandbox = await aprepare_sandbox(client, task, **create_kwargs)
