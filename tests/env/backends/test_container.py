@@ -341,3 +341,51 @@ def test_exec_benchmark_prints_both_paths(engine, tmp_path):
           f"podman exec {baseline.get('exec_true_ms', {}).get('p50')} ms")
     assert fast["path"] == "fast (helper)" and slow["path"] == "engine API"
     assert fast["exec_true_ms"]["p50"] < slow["exec_true_ms"]["p50"]
+
+
+# ---------------------------------------------------------------- replicas
+def test_replicas_sharing_a_store_share_containers(engine, tmp_path):
+    from orchard.env.backends.container import service_tag
+
+    def tag(state: str, **kw) -> str:
+        return service_tag(Settings(backend="container", state_dir=tmp_path / state, **kw))
+
+    shared = {"store": "redis", "redis_url": "redis://10.0.0.1:6379/0"}
+    assert tag("a", **shared) == tag("b", **shared)                 # one service, whatever each state dir
+    assert tag("a") != tag("b") and tag("a", **shared) != tag("a", redis_url="redis://10.0.0.2:6379/0", store="redis")
+
+
+@pytest.mark.parametrize("mode", ["auto", "remote"])
+async def test_a_replica_attaches_to_a_container_another_started(engine, tmp_path, mode, monkeypatch):
+    monkeypatch.setenv("ORCHARD_STORE", "redis")
+    monkeypatch.setenv("ORCHARD_REDIS_URL", f"redis://127.0.0.1:1/{uuid.uuid4().hex[:6]}")  # never contacted here
+    exits = Exits()
+    async with running(engine, tmp_path / "a", mode) as first, running(engine, tmp_path / "b", mode, exits) as second:
+        s = spec()
+        await first.create(s)
+        await first.exec(s.sandbox_id, run(["bash", "-c", "echo from-a > /workspace/f"]))
+        lookups = []
+        inspect = second._inspect_box
+        monkeypatch.setattr(second, "_inspect_box", lambda *a: lookups.append(a) or inspect(*a))
+        results = await asyncio.gather(*(second.exec(s.sandbox_id, run(["cat", "/workspace/f"])) for _ in range(4)))
+        assert [r.stdout for r in results] == [b"from-a\n"] * 4 and len(lookups) == 1   # one shared first lookup
+        assert await second.read_file(s.sandbox_id, "/workspace/f", 100) == b"from-a\n"
+
+        await first.delete(s.sandbox_id)                     # gone under the second replica's handle
+        await asyncio.wait_for(exits.event.wait(), 15)
+        assert s.sandbox_id not in second._boxes
+        with pytest.raises(errors.SandboxNotFoundError):
+            await second.exec(s.sandbox_id, run(["true"]))
+        with pytest.raises(errors.SandboxNotFoundError):
+            await second.exec(f"t-{uuid.uuid4().hex[:10]}", run(["true"]))      # never existed
+
+
+async def test_an_engine_pty_waited_on_at_once_reports_its_own_exit_code(engine, tmp_path):
+    """The engine may report an exec that has not begun as not running with code 0: wait must not take that."""
+    async with running(engine, tmp_path, "api") as backend:
+        s = spec()
+        await backend.create(s)
+        for _ in range(8):
+            proc = await backend.open_pty(s.sandbox_id, ["sh", "-c", "exit 4"], None, {}, 24, 80)
+            assert await asyncio.wait_for(proc.wait(), 20) == 4
+            await proc.kill()

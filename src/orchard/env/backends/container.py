@@ -1,7 +1,8 @@
 """The container backend: one container per sandbox through the Docker Engine API (Docker, or Podman's socket).
 
 A sandbox is a container labelled ``orchard.sandbox=<id>`` and ``orchard.service=<tag>`` (the tag
-is a digest of the state dir, so two services never touch each other's containers), started from
+is a digest of the state dir, or with a shared store of its Redis URL, so two services never touch
+each other's containers while the replicas of one service share them), started from
 a real OCI image (pulled only when missing) with every capability dropped, no_new_privs, cpu,
 memory and pids limits, and no network unless asked. Its command only keeps it alive: the static
 helper's ``init`` (bind-mounted read-only at /.orchard/init, so images without ``sleep`` work)
@@ -12,11 +13,16 @@ here and its namespaces can be joined): exec, PTY and files go through the same 
 local backend (namespaces, no capabilities, seccomp, a per-job cgroup under the container's for
 tree-kill), and listings use openat2 on /proc/<pid>/root. Otherwise the engine API: exec
 create/start, archive get/put, and a marker-based kill (see container_api.py).
+
+Several replicas sharing one store and one engine: a replica asked about a sandbox another one created
+attaches to its container on first use (one engine lookup per sandbox and replica, shared by concurrent
+first uses) and forgets the handle when the container stops or the engine no longer knows it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import os
@@ -81,7 +87,7 @@ class ContainerBackend:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.namespace = settings.namespace
-        self.tag = hashlib.sha256(str(Path(settings.state_dir).resolve()).encode()).hexdigest()[:8]
+        self.tag = service_tag(settings)
         self.network = f"orchard-{self.tag}"
         self.net = SandboxNetwork(Path(settings.state_dir), bridge=settings.network_bridge or f"orcc{self.tag}",
                                   subnet=settings.network_subnet or f"10.{150 + int(self.tag, 16) % 50}.0.0/16")
@@ -91,6 +97,7 @@ class ContainerBackend:
         self.helper = ""
         self._helper_fd = -1
         self._boxes: dict[str, Box] = {}
+        self._attaching: dict[str, asyncio.Task] = {}
         self._pids = PidWatch(self._report_exit)   # sandbox id -> its container's init, when visible here
         self._forwarders: dict[str, Forwarder] = {}
         self._deleting: set[str] = set()
@@ -136,6 +143,8 @@ class ContainerBackend:
             self.helper = ""
 
     async def close(self) -> None:
+        for task in list(self._attaching.values()):
+            task.cancel()
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
@@ -422,20 +431,65 @@ class ContainerBackend:
                                         alive=c.get("State") == "running"))
         return live
 
-    # ------------------------------------------------------------ exec
+    # ------------------------------------------------------------ handles
     def _box(self, sandbox_id: str) -> Box:
         box = self._boxes.get(sandbox_id)
         if box is None:
             raise errors.SandboxNotFoundError(f"Sandbox {sandbox_id} is not running on this engine")
         return box
 
+    async def _ready(self, sandbox_id: str) -> Box:
+        """This replica's handle of a sandbox; one another replica created is attached on first use."""
+        box = self._boxes.get(sandbox_id)
+        if box is not None:
+            return box
+        task = self._attaching.get(sandbox_id)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._attach(sandbox_id))
+            self._attaching[sandbox_id] = task
+            task.add_done_callback(functools.partial(self._attached, sandbox_id))
+        return await asyncio.shield(task)        # a caller that gives up leaves the lookup to the others
+
+    def _attached(self, sandbox_id: str, task: asyncio.Task) -> None:
+        """The lookup ended: the next first use looks again (its error was raised to whoever waited)."""
+        if self._attaching.get(sandbox_id) is task:
+            del self._attaching[sandbox_id]
+        if not task.cancelled():
+            task.exception()
+
+    async def _attach(self, sandbox_id: str) -> Box:
+        """Handle of a running container of this service that this replica did not start (or lost track of)."""
+        gone = errors.SandboxNotFoundError(f"Sandbox {sandbox_id} is not running on this engine")
+        if sandbox_id in self._deleting:
+            raise gone
+        try:
+            box = await asyncio.to_thread(self._inspect_box, sandbox_id, self._container_name(sandbox_id))
+        except (docker.errors.NotFound, errors.SandboxFailedError) as e:
+            raise gone from e
+        except docker.errors.APIError as e:
+            raise errors.BackendError(f"The container engine failed: {_why(e)}") from e
+        except (docker.errors.DockerException, OSError) as e:
+            raise errors.BackendError(f"The container engine cannot be reached: {e}") from e
+        if sandbox_id in self._deleting:
+            raise gone
+        if sandbox_id not in self._boxes:
+            self._track(box)
+        return self._boxes[sandbox_id]
+
+    def _forget(self, box: Box) -> None:
+        """The engine no longer knows the container: drop the handle (a later use looks again)."""
+        if self._boxes.get(box.sandbox_id) is box:
+            self._pids.unwatch(box.sandbox_id)
+            del self._boxes[box.sandbox_id]
+
+    # ------------------------------------------------------------ exec
     def _argv(self, box: Box, argv: list[str]) -> list[str]:
         if argv[0] == "bash" and not box.has_bash:
             return ["sh"] + ["-l" if arg == "--login" else arg for arg in argv[1:]]
         return argv
 
     async def exec(self, sandbox_id: str, spec: ExecSpec) -> ExecOutcome:
-        box = self._box(sandbox_id)
+        box = await self._ready(sandbox_id)
         env = {**box.env, **spec.env}
         argv = self._argv(box, spec.argv)
         if not box.fast:
@@ -452,6 +506,7 @@ class ContainerBackend:
         try:
             return await asyncio.to_thread(call, self.api, box.container_id, *args)
         except docker.errors.NotFound as e:
+            self._forget(box)
             raise errors.SandboxNotFoundError(f"Sandbox {box.sandbox_id} is gone: {_why(e)}") from e
         except docker.errors.APIError as e:
             if e.status_code == 409:
@@ -465,7 +520,7 @@ class ContainerBackend:
 
     async def open_pty(self, sandbox_id: str, argv: list[str], cwd: Optional[str], env: dict[str, str],
                        rows: int, cols: int) -> PtyProcess:
-        box = self._box(sandbox_id)
+        box = await self._ready(sandbox_id)
         argv, env = self._argv(box, argv), {**box.env, **env}
         if not box.fast:
             return await self._engine(box, container_api.ApiPty, argv, cwd or box.workdir, env, rows, cols)
@@ -479,7 +534,7 @@ class ContainerBackend:
 
     # ------------------------------------------------------------ files
     async def read_file(self, sandbox_id: str, path: str, limit: int) -> bytes:
-        box = self._box(sandbox_id)
+        box = await self._ready(sandbox_id)
         if not box.fast:
             return await self._engine(box, container_api.read_file, path, limit)
         code, out, err, status = await self._file_op(box, ["get", path, str(limit)], None, limit)
@@ -488,7 +543,7 @@ class ContainerBackend:
         raise _file_error(code, err, status, path, limit)
 
     async def write_file(self, sandbox_id: str, path: str, data: bytes, mode: Optional[int]) -> None:
-        box = self._box(sandbox_id)
+        box = await self._ready(sandbox_id)
         if not box.fast:
             return await self._engine(box, container_api.write_file, path, data, mode)
         code, _, err, status = await self._file_op(box, ["put", path, str(-1 if mode is None else mode)], data, 0)
@@ -501,14 +556,14 @@ class ContainerBackend:
         return await run_file_op(argv, box.env, data, limit, self._helper_fd)
 
     async def list_dir(self, sandbox_id: str, path: str) -> list[FileEntry]:
-        box = self._box(sandbox_id)
+        box = await self._ready(sandbox_id)
         if not box.fast:
             return await self._engine(box, container_api.list_dir, path)
         return await asyncio.to_thread(SandboxFS(f"/proc/{box.pid}/root").list, path)
 
     # ------------------------------------------------------------ snapshot
     async def snapshot(self, sandbox_id: str, image: str) -> int:
-        box = self._box(sandbox_id)
+        box = await self._ready(sandbox_id)
         return await asyncio.to_thread(self._commit, box, image)
 
     def _commit(self, box: Box, name: str) -> int:
@@ -534,8 +589,10 @@ class ContainerBackend:
 
     # ------------------------------------------------------------ facts
     async def workdir(self, sandbox_id: str) -> str:
-        box = self._boxes.get(sandbox_id)
-        return box.workdir if box else DEFAULT_WORKDIR
+        try:
+            return (await self._ready(sandbox_id)).workdir
+        except errors.OrchardError:
+            return DEFAULT_WORKDIR
 
     def images(self) -> list[str]:
         try:
@@ -562,6 +619,12 @@ class ContainerBackend:
 
 
 # ---------------------------------------------------------------- helpers
+def service_tag(settings: Settings) -> str:
+    """Who owns a container: replicas sharing a Redis store are one service; otherwise the state dir is."""
+    owner = f"redis:{settings.redis_url}" if settings.store == "redis" else str(Path(settings.state_dir).resolve())
+    return hashlib.sha256(owner.encode()).hexdigest()[:8]
+
+
 def _engine_here(url: str, info: dict) -> bool:
     """The engine answers on a local unix socket and reports this machine's hostname."""
     parsed = urlparse(url)

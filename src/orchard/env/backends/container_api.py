@@ -206,6 +206,7 @@ class ApiPty:
         self._near, far = socket.socketpair()
         self._near.setblocking(False)            # like a PTY master: the server reads it when readable
         self.master_fd, self.pid, self._signalled = self._near.fileno(), 0, 0
+        self._ended = threading.Event()          # the engine closed the stream: the command is over
         threading.Thread(target=self._relay, args=(far,), daemon=True, name="orchard-pty-relay").start()
         self.resize(rows, cols)
 
@@ -224,6 +225,7 @@ class ApiPty:
             return
         finally:
             far.close()
+            self._ended.set()
 
     def resize(self, rows: int, cols: int) -> None:
         try:
@@ -236,7 +238,14 @@ class ApiPty:
         kill(self.api, self.container_id, self.job, sig)
 
     async def wait(self) -> int:
-        while await asyncio.to_thread(_running, self.api, self.exec_id):
+        """Podman reports an exec that has not begun yet as not running with code 0: until the exec has been
+        seen running, only the end of its stream says it is over."""
+        seen = False
+        while True:
+            running = await asyncio.to_thread(_running, self.api, self.exec_id)
+            seen = seen or running
+            if not running and (seen or self._ended.is_set()):
+                break
             await asyncio.sleep(0.05)
         code = await asyncio.to_thread(_exit_code, self.api, self.exec_id)
         if code is not None and self._signalled and code == 128 + self._signalled:

@@ -132,6 +132,8 @@ class Lifecycle:
         live_ids = {item.sandbox_id for item in live}
         for item in live:
             if item.sandbox_id not in records and now - item.created_at >= self.settings.reconcile_min_age:
+                if await self.store.get_sandbox(item.sandbox_id) is not None:
+                    continue                   # recorded after this pass read the records (another replica's create)
                 log.info("removing unowned sandbox %s", item.sandbox_id)
                 await self.backend.delete(item.sandbox_id)
         for sid, record in records.items():
