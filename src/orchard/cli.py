@@ -104,6 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     doctor = env.add_parser("doctor", help="list what the backend left behind that no record owns")
     doctor.add_argument("--state-dir", help="the service's state dir (default: ORCHARD_STATE_DIR)")
+    doctor.add_argument("--backend", choices=["local", "container", "kubernetes"], help="default: ORCHARD_BACKEND")
+    doctor.add_argument("--store", choices=["sqlite", "redis"], help="where the records are (default: ORCHARD_STORE)")
+    doctor.add_argument("--redis-url", help="the Redis store (default: ORCHARD_REDIS_URL)")
+    doctor.add_argument("--min-age", type=float, help="seconds an unowned sandbox is left alone as maybe being "
+                        "created (container, kubernetes; default: ORCHARD_RECONCILE_MIN_AGE)")
     doctor.add_argument("--fix", action="store_true", help="remove what was found")
     doctor.set_defaults(func=_doctor)
 
