@@ -13,7 +13,7 @@ import os
 import shlex
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Generator, Optional
 
 import httpx
 
@@ -191,26 +191,43 @@ def _diff(task: AnyTask, run: Any) -> str:
     return run.stdout
 
 
+def _ask_flow(endpoint: Endpoint, messages: list[dict[str, str]], attempts: int) -> Generator[dict, Any, tuple[Verdict, int]]:
+    """The asking, free of I/O: yields each request body, is sent the reply (or the transport error) back."""
+    problem = "no attempt made"
+    for attempt in range(1, attempts + 1):
+        outcome = yield request_body(endpoint, messages)
+        try:
+            if isinstance(outcome, Exception):
+                raise outcome
+            reply = reply_text(outcome)
+        except httpx.HTTPError as e:
+            problem = f"cannot reach the judge at {endpoint.url}: {type(e).__name__}: {e}"
+            continue
+        except errors.GraderError as e:
+            problem = str(e)
+            continue
+        try:
+            return parse_verdict(reply), attempt
+        except ValueError as e:
+            problem = f"{e}; reply: {oc.tail(reply, 200)!r}"
+            messages = next_messages(messages, reply, str(e))
+    raise _failure(attempts, problem)
+
+
 def ask_judge(endpoint: Endpoint, messages: list[dict[str, str]], attempts: int, timeout: float) -> tuple[Verdict, int]:
     """The verdict and the attempt it came on; GraderError when the judge is unreachable or never valid."""
-    problem = "no attempt made"
+    flow = _ask_flow(endpoint, messages, attempts)
     with httpx.Client(timeout=timeout) as http:
-        for attempt in range(1, attempts + 1):
+        body = next(flow)
+        while True:
             try:
-                reply = reply_text(http.post(f"{endpoint.url}/chat/completions",
-                                             json=request_body(endpoint, messages), headers=headers(endpoint)))
+                outcome: Any = http.post(f"{endpoint.url}/chat/completions", json=body, headers=headers(endpoint))
             except httpx.HTTPError as e:
-                problem = f"cannot reach the judge at {endpoint.url}: {type(e).__name__}: {e}"
-                continue
-            except errors.GraderError as e:
-                problem = str(e)
-                continue
+                outcome = e
             try:
-                return parse_verdict(reply), attempt
-            except ValueError as e:
-                problem = f"{e}; reply: {oc.tail(reply, 200)!r}"
-                messages = next_messages(messages, reply, str(e))
-    raise _failure(attempts, problem)
+                body = flow.send(outcome)
+            except StopIteration as stop:
+                return stop.value
 
 
 def grade_judge(sandbox: Any, task: AnyTask, *, patch: Optional[str] = None, url: Optional[str] = None,
@@ -246,24 +263,18 @@ async def acollect_evidence(sandbox: Any, task: AnyTask, patch: Optional[str] = 
 async def aask_judge(endpoint: Endpoint, messages: list[dict[str, str]], attempts: int,
                      timeout: float) -> tuple[Verdict, int]:
     """Async twin of ask_judge."""
-    problem = "no attempt made"
+    flow = _ask_flow(endpoint, messages, attempts)
     async with httpx.AsyncClient(timeout=timeout) as http:
-        for attempt in range(1, attempts + 1):
+        body = next(flow)
+        while True:
             try:
-                reply = reply_text(await http.post(f"{endpoint.url}/chat/completions",
-                                                   json=request_body(endpoint, messages), headers=headers(endpoint)))
+                outcome: Any = await http.post(f"{endpoint.url}/chat/completions", json=body, headers=headers(endpoint))
             except httpx.HTTPError as e:
-                problem = f"cannot reach the judge at {endpoint.url}: {type(e).__name__}: {e}"
-                continue
-            except errors.GraderError as e:
-                problem = str(e)
-                continue
+                outcome = e
             try:
-                return parse_verdict(reply), attempt
-            except ValueError as e:
-                problem = f"{e}; reply: {oc.tail(reply, 200)!r}"
-                messages = next_messages(messages, reply, str(e))
-    raise _failure(attempts, problem)
+                body = flow.send(outcome)
+            except StopIteration as stop:
+                return stop.value
 
 
 async def agrade_judge(sandbox: Any, task: AnyTask, *, patch: Optional[str] = None, url: Optional[str] = None,

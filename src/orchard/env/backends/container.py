@@ -22,7 +22,6 @@ first uses) and forgets the handle when the container stops or the engine no lon
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import logging
 import os
@@ -50,6 +49,7 @@ from orchard.env.backends.local_helper import helper_path
 from orchard.env.backends.local_net import SandboxNetwork
 from orchard.env.backends.local_net import _run as run_tool
 from orchard.env.backends.local_proc import PidWatch, PtyHandle, run_file_op, run_helper
+from orchard.env.backends.single_flight import SingleFlight
 from orchard.env.protocol import FileEntry
 from orchard.env.settings import Settings
 
@@ -97,7 +97,7 @@ class ContainerBackend:
         self.helper = ""
         self._helper_fd = -1
         self._boxes: dict[str, Box] = {}
-        self._attaching: dict[str, asyncio.Task] = {}
+        self._attaching: SingleFlight[Box] = SingleFlight()
         self._pids = PidWatch(self._report_exit)   # sandbox id -> its container's init, when visible here
         self._forwarders: dict[str, Forwarder] = {}
         self._deleting: set[str] = set()
@@ -143,8 +143,7 @@ class ContainerBackend:
             self.helper = ""
 
     async def close(self) -> None:
-        for task in list(self._attaching.values()):
-            task.cancel()
+        self._attaching.cancel()
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
@@ -443,19 +442,7 @@ class ContainerBackend:
         box = self._boxes.get(sandbox_id)
         if box is not None:
             return box
-        task = self._attaching.get(sandbox_id)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._attach(sandbox_id))
-            self._attaching[sandbox_id] = task
-            task.add_done_callback(functools.partial(self._attached, sandbox_id))
-        return await asyncio.shield(task)        # a caller that gives up leaves the lookup to the others
-
-    def _attached(self, sandbox_id: str, task: asyncio.Task) -> None:
-        """The lookup ended: the next first use looks again (its error was raised to whoever waited)."""
-        if self._attaching.get(sandbox_id) is task:
-            del self._attaching[sandbox_id]
-        if not task.cancelled():
-            task.exception()
+        return await self._attaching.run(sandbox_id, self._attach)     # concurrent first uses share one lookup
 
     async def _attach(self, sandbox_id: str) -> Box:
         """Handle of a running container of this service that this replica did not start (or lost track of)."""

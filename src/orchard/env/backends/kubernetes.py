@@ -39,6 +39,7 @@ from orchard.env.backends import kubernetes_pods as pods
 from orchard.env.backends.base import ExecOutcome, ExecSpec, ExitCallback, LiveSandbox, PtyProcess, SandboxSpec
 from orchard.env.backends.kubernetes_agent_client import Agent, AgentClient
 from orchard.env.backends.kubernetes_informer import Informer, PodState
+from orchard.env.backends.single_flight import SingleFlight
 from orchard.env.protocol import FileEntry
 from orchard.env.quantities import parse_cpu, parse_memory
 from orchard.env.settings import Settings
@@ -75,7 +76,7 @@ class KubernetesBackend:
         self._api: Optional[kube.ApiClient] = None
         self._boxes: dict[str, Box] = {}
         self._deleting: set[str] = set()
-        self._attaching: dict[str, asyncio.Task] = {}
+        self._attaching: SingleFlight[Box] = SingleFlight()
         self._on_exit: Optional[ExitCallback] = None
         self._tasks: set[asyncio.Task] = set()
         self._capacity = (parse_cpu(settings.default_cpu) * settings.max_sandboxes,
@@ -150,8 +151,7 @@ class KubernetesBackend:
         return (cpu, mem) if cpu > 0 and mem > 0 else None
 
     async def close(self) -> None:
-        for task in list(self._attaching.values()):
-            task.cancel()
+        self._attaching.cancel()
         if self.informer is not None:
             self.informer.close()
         if self.agents is not None:
@@ -260,19 +260,7 @@ class KubernetesBackend:
         box = self._boxes.get(sandbox_id)
         if box is not None:
             return box
-        task = self._attaching.get(sandbox_id)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._attach(sandbox_id))
-            self._attaching[sandbox_id] = task
-            task.add_done_callback(functools.partial(self._attached, sandbox_id))
-        return await asyncio.shield(task)        # a caller that gives up leaves the lookup to the others
-
-    def _attached(self, sandbox_id: str, task: asyncio.Task) -> None:
-        """The lookup ended: the next first use looks again (its error was raised to whoever waited)."""
-        if self._attaching.get(sandbox_id) is task:
-            del self._attaching[sandbox_id]
-        if not task.cancelled():
-            task.exception()
+        return await self._attaching.run(sandbox_id, self._attach)     # concurrent first uses share one lookup
 
     async def _attach(self, sandbox_id: str) -> Box:
         """Handle of a sandbox this replica did not create: its token Secret, then its pod as the watch shows it."""
